@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+
+.PHONY: install demo test test-unit test-integration test-e2e lint clean
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changed; uv's per-user cache makes a fresh clone quick.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/uv || $(PY) -m pip install -q --disable-pip-version-check uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: install
+	$(VENV)/bin/orch demo
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+# All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e.
+test: lint
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest -m unit
+
+test-integration: install
+	$(PY) -m pytest -m integration
+
+test-e2e: install
+	$(PY) -m pytest -m e2e
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

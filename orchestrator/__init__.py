@@ -1,0 +1,2 @@
+"""orchestrator: registered A/B experiments for LLM serving."""
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Metrics, capacity search, validity guards and the statistics of a bar. Pure (no I/O)."""

@@ -1,0 +1,1 @@
+"""Backends provision an arm, give back endpoints, scrape and tear down: sim, local, kubernetes."""

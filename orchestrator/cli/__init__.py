@@ -1,0 +1,1 @@
+"""The `orch` command line: thin commands over control, store, report (and the plan language)."""

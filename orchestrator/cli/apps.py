@@ -1,0 +1,26 @@
+"""The Typer apps every command module attaches to (so modules never import each other)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="orch",
+    help="Registered A/B experiments for LLM serving: plan, run, judge, query history.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+plan_app = typer.Typer(help="Validate, register, simulate plans; print the plan schema.", no_args_is_help=True)
+sim_app = typer.Typer(help="The simulated engine.", no_args_is_help=True)
+loadgen_app = typer.Typer(help="The load generator.", no_args_is_help=True)
+k8s_app = typer.Typer(help="Kubernetes manifests of an arm.", no_args_is_help=True)
+db_app = typer.Typer(help="The results database.", no_args_is_help=True)
+
+app.add_typer(plan_app, name="plan")
+app.add_typer(sim_app, name="sim")
+app.add_typer(loadgen_app, name="loadgen")
+app.add_typer(k8s_app, name="k8s")
+app.add_typer(db_app, name="db")
+
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout.")

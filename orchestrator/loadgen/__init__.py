@@ -1,0 +1,1 @@
+"""Load generation: schedules and workloads (pure), streaming client, runner, Ray shards."""

@@ -1,0 +1,1 @@
+"""Arrival schedules: absolute send times drawn from a seed (pure)."""

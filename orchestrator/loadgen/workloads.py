@@ -1,0 +1,1 @@
+"""Workload synthesis: prompts, shared prefixes, conversations (pure)."""

@@ -1,0 +1,41 @@
+"""The plan language: models, catalogs, loading and hashing. Pure: no I/O beyond reading a file."""
+
+from orchestrator.plan.arms import Arm, EngineConfig, PoolSpec, RouterConfig, SpeculativeConfig
+from orchestrator.plan.catalog import (
+    GPUS,
+    MODELS,
+    SERVICE_CLASSES,
+    GPUSpec,
+    ModelSpec,
+    ServiceClass,
+    canonical_gpu,
+    gpu,
+)
+from orchestrator.plan.experiment import (
+    Bar,
+    Design,
+    GuardThresholds,
+    Plan,
+    SearchSettings,
+    SimSettings,
+    plan_warnings,
+)
+from orchestrator.plan.loading import (
+    canonical_json,
+    json_schema,
+    load_plan_file,
+    load_plan_text,
+    plan_from_canonical,
+    plan_hash,
+    validate_plan,
+)
+from orchestrator.plan.workload import ClosedLoop, LengthDist, OpenLoop, PromptSpec, Workload
+
+__all__ = [
+    "GPUS", "MODELS", "SERVICE_CLASSES", "Arm", "Bar", "ClosedLoop", "Design", "EngineConfig",
+    "GPUSpec", "GuardThresholds", "LengthDist", "ModelSpec", "OpenLoop", "Plan", "PoolSpec",
+    "PromptSpec", "RouterConfig", "SearchSettings", "ServiceClass", "SimSettings",
+    "SpeculativeConfig", "Workload", "canonical_gpu", "canonical_json", "gpu", "json_schema",
+    "load_plan_file", "load_plan_text", "plan_from_canonical", "plan_hash", "plan_warnings",
+    "validate_plan",
+]

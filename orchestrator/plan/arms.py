@@ -1,0 +1,184 @@
+"""Arms: what one serving configuration is (GPU, layout, pools, engine knobs, router)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.plan.base import CrossFieldError, StrictModel
+from orchestrator.plan.catalog import canonical_gpu
+
+TP_SIZES = (1, 2, 4, 8)
+RouterPolicy = Literal["round_robin", "cache_aware", "power_of_two", "consistent_hash", "random"]
+
+
+class SpeculativeConfig(StrictModel):
+    """Speculative decoding: a drafter proposes tokens, the model verifies them in one pass."""
+
+    method: Literal["ngram", "eagle", "eagle3", "draft_model", "mtp"] = Field(
+        description="Drafting method, as vLLM's speculative_config.method."
+    )
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens per pass (k).")
+    acceptance: float = Field(
+        default=0.7,
+        gt=0,
+        lt=1,
+        description="Expected per-token acceptance rate (alpha); used by the simulator only.",
+    )
+    draft_cost: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Cost of one draft step as a fraction of a model pass (c); simulator only.",
+    )
+    draft_model: str | None = Field(
+        default=None, description="Drafter model id (method draft_model or eagle)."
+    )
+
+
+class EngineConfig(StrictModel):
+    """vLLM engine knobs that the plan controls."""
+
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        default="auto", description="KV cache precision (--kv-cache-dtype); fp8 halves it."
+    )
+    quantization: Literal["none", "fp8"] = Field(
+        default="none", description="Weight quantization applied at load (--quantization)."
+    )
+    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences in one batch.")
+    max_num_batched_tokens: int = Field(
+        default=8192,
+        ge=16,
+        description="Per-step token budget; prompts longer than it are chunked (chunked prefill).",
+    )
+    prefix_caching: bool = Field(default=True, description="Automatic prefix caching on or off.")
+    gpu_memory_utilization: float = Field(
+        default=0.90, gt=0.1, le=0.99, description="Share of GPU memory vLLM may use."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Longest context served; default: the model's."
+    )
+    speculative: SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding, or none."
+    )
+    version: str = Field(
+        default="v0.11.0", description="vLLM version (image tag on Kubernetes; checked locally)."
+    )
+    extra_args: tuple[str, ...] = Field(
+        default=(), description="Further `vllm serve` arguments passed through unchanged."
+    )
+
+
+class RouterConfig(StrictModel):
+    """How requests are spread over the replicas of an arm (vllm-router)."""
+
+    policy: RouterPolicy = Field(default="round_robin", description="Routing policy.")
+    cache_threshold: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="cache_aware: minimum prefix-match share to follow the cache.",
+    )
+    balance_abs_threshold: int = Field(
+        default=32,
+        ge=0,
+        description="cache_aware: load difference (requests) beyond which it balances instead.",
+    )
+
+
+class PoolSpec(StrictModel):
+    """A pool of identical vLLM workers."""
+
+    replicas: int = Field(ge=1, le=64, description="Workers in the pool.")
+    tp: int = Field(default=1, description="Tensor-parallel size of each worker (GPUs per worker).")
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_size(cls, v: int) -> int:
+        if v not in TP_SIZES:
+            raise ValueError(f"tp must be one of {TP_SIZES}")
+        return v
+
+
+class Arm(StrictModel):
+    """One serving configuration: colocated replicas, or prefill and decode pools."""
+
+    gpu: str = Field(description="GPU type: H100-PCIe, H100-SXM (alias H100) or H200.")
+    layout: Literal["colocated", "disaggregated"] = Field(
+        description="colocated: each worker prefills and decodes; disaggregated: separate pools."
+    )
+    replicas: int | None = Field(
+        default=None, ge=1, le=64, description="colocated: number of workers."
+    )
+    tp: int = Field(default=1, description="colocated: tensor-parallel size of each worker.")
+    prefill: PoolSpec | None = Field(default=None, description="disaggregated: the prefill pool.")
+    decode: PoolSpec | None = Field(default=None, description="disaggregated: the decode pool.")
+    kv_connector: Literal["nixl", "example", "lmcache"] | None = Field(
+        default=None,
+        description="disaggregated: how KV moves from prefill to decode (default nixl).",
+    )
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine knobs.")
+    router: RouterConfig | None = Field(
+        default=None, description="Router for this arm; default: the plan's router."
+    )
+    description: str = Field(default="", description="Free text shown in reports.")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        return canonical_gpu(v)
+
+    @field_validator("tp")
+    @classmethod
+    def _tp_size(cls, v: int) -> int:
+        if v not in TP_SIZES:
+            raise ValueError(f"tp must be one of {TP_SIZES}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_connector(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("layout") == "disaggregated":
+            data.setdefault("kv_connector", "nixl")
+        return data
+
+    @model_validator(mode="after")
+    def _layout_fields(self) -> Arm:
+        problems: list[tuple[str, str]] = []
+        if self.layout == "colocated":
+            if self.replicas is None:
+                problems.append(("replicas", "a colocated arm needs `replicas`"))
+            for pool in ("prefill", "decode"):
+                if getattr(self, pool) is not None:
+                    problems.append((pool, "a colocated arm has no prefill/decode pools"))
+            if self.kv_connector is not None:
+                problems.append(("kv_connector", "applies to disaggregated arms only"))
+        else:
+            for pool in ("prefill", "decode"):
+                if getattr(self, pool) is None:
+                    problems.append((pool, "a disaggregated arm needs both a prefill and a decode pool"))
+            if self.replicas is not None:
+                problems.append(("replicas", "a disaggregated arm sets replicas per pool"))
+            if self.prefill and self.decode and self.decode.tp < self.prefill.tp:
+                problems.append(
+                    ("decode.tp", f"decode TP ({self.decode.tp}) must be >= prefill TP ({self.prefill.tp})")
+                )
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs this arm occupies in all."""
+        if self.layout == "colocated":
+            return (self.replicas or 0) * self.tp
+        assert self.prefill and self.decode
+        return self.prefill.replicas * self.prefill.tp + self.decode.replicas * self.decode.tp
+
+    def pools(self) -> dict[str, PoolSpec]:
+        """Role -> pool: {'worker': ...} when colocated, {'prefill': ..., 'decode': ...} otherwise."""
+        if self.layout == "colocated":
+            return {"worker": PoolSpec(replicas=self.replicas or 1, tp=self.tp)}
+        assert self.prefill and self.decode
+        return {"prefill": self.prefill, "decode": self.decode}

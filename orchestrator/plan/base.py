@@ -1,0 +1,28 @@
+"""The one base of every plan model: strict (unknown keys are errors), frozen once validated."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors; instances are immutable (use ``model_copy(update=...)``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        str_strip_whitespace=True,
+    )
+
+
+class CrossFieldError(ValueError):
+    """Raised by model validators: several problems, each at a path below the model.
+
+    Pydantic reports a model validator's error at the model's own location; the loader reads
+    ``problems`` from this error to name the exact field (e.g. ``arms.B.decode.tp``).
+    """
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))

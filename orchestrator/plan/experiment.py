@@ -1,0 +1,328 @@
+"""The experiment plan: two arms, a workload, service classes, search, design, bars, guards."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from orchestrator.errors import PlanError, Problem
+from orchestrator.plan.arms import Arm, RouterConfig
+from orchestrator.plan.base import CrossFieldError, StrictModel
+from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
+from orchestrator.plan.workload import Workload
+
+
+def _resolve_model(v: Any) -> Any:
+    if isinstance(v, str):
+        if v not in MODELS:
+            raise ValueError(f"unknown model {v!r}; known: {', '.join(MODELS)} (or give a full spec)")
+        return MODELS[v]
+    return v
+
+
+def _resolve_class(v: Any) -> Any:
+    if isinstance(v, str):
+        if v not in SERVICE_CLASSES:
+            raise ValueError(
+                f"unknown service class {v!r}; built in: {', '.join(SERVICE_CLASSES)} "
+                "(or give {name, ttft_ms, tpot_ms})"
+            )
+        return SERVICE_CLASSES[v]
+    return v
+
+
+ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
+ClassName = Literal[tuple(SERVICE_CLASSES)]  # type: ignore[valid-type]
+# The schema shows both forms a user may write: a catalog name or a full spec.
+ModelRef = Annotated[
+    ModelSpec, BeforeValidator(_resolve_model, json_schema_input_type=ModelName | ModelSpec)
+]
+ClassRef = Annotated[
+    ServiceClass, BeforeValidator(_resolve_class, json_schema_input_type=ClassName | ServiceClass)
+]
+Backend = Literal["sim", "local", "kubernetes"]
+
+
+class RateRange(StrictModel):
+    """Bounds of the offered request rate the capacity search may try."""
+
+    min: float = Field(gt=0, description="Lowest rate, requests/s.")
+    max: float = Field(gt=0, description="Highest rate, requests/s.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RateRange:
+        if self.max <= self.min:
+            raise CrossFieldError([("max", f"max ({self.max}) must exceed min ({self.min})")])
+        return self
+
+
+class SearchSettings(StrictModel):
+    """Capacity search: bracket then bisect the open-loop rate, one fixed-length point at a time."""
+
+    rate: RateRange = Field(description="Rate bounds, requests/s.")
+    precision: float = Field(
+        default=0.02, gt=0, lt=0.5, description="Stop when the bracket is this narrow (relative)."
+    )
+    point_s: float = Field(default=120, gt=0, description="Measurement window of one load point, s.")
+    warmup_s: float = Field(default=30, ge=0, description="Sent before the window, not judged, s.")
+    cooldown_s: float = Field(default=5, ge=0, description="Sent after the window, not judged, s.")
+    attainment: float = Field(
+        default=0.90, gt=0, le=1, description="Attainment a point needs to count toward capacity."
+    )
+    max_points: int = Field(default=12, ge=2, le=64, description="Most load points per search.")
+    use_prior: bool = Field(
+        default=True, description="Start from the simulator's predicted capacity when available."
+    )
+
+
+class Design(StrictModel):
+    """Blocks of back-to-back runs (one of each arm) and their order."""
+
+    blocks: int = Field(default=4, ge=1, le=100, description="Blocks; a bar needs at least 2.")
+    order: Literal["ABBA", "randomized"] = Field(
+        default="ABBA", description="ABBA alternates which arm goes first; randomized draws it."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of every random draw of the experiment.")
+    max_retries: int = Field(
+        default=2, ge=0, le=10, description="Retries of a run that fails a guard or loses its server."
+    )
+    window_h: float = Field(
+        default=24, gt=0, description="The arms of a block must run within this many hours."
+    )
+
+
+class Bar(StrictModel):
+    """An acceptance bar, registered before any run: B/A of a metric against a threshold."""
+
+    model_config = StrictModel.model_config | {"populate_by_name": True}
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="Stable id, e.g. interactive-capacity.")
+    metric: Literal["capacity", "goodput_at", "attainment_at"] = Field(
+        default="capacity", description="What is compared."
+    )
+    service_class: str = Field(alias="class", description="Service class the metric is taken at.")
+    compare: Literal["B/A"] = Field(default="B/A", description="Ratio compared with the threshold.")
+    at_least: float | None = Field(default=None, gt=0, description="Accept if the ratio is at least this.")
+    at_most: float | None = Field(default=None, gt=0, description="Accept if the ratio is at most this.")
+    confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
+    rate: float | None = Field(
+        default=None, gt=0, description="goodput_at / attainment_at: offered rate, requests/s."
+    )
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> Bar:
+        problems: list[tuple[str, str]] = []
+        if (self.at_least is None) == (self.at_most is None):
+            problems.append(("at_least", "give exactly one of `at_least` or `at_most`"))
+        if self.metric != "capacity" and self.rate is None:
+            problems.append(("rate", f"metric {self.metric} needs the offered `rate`"))
+        if self.metric == "capacity" and self.rate is not None:
+            problems.append(("rate", "a capacity bar takes no `rate` (capacity is searched)"))
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+    @property
+    def threshold(self) -> float:
+        """The registered threshold on the B/A ratio."""
+        return self.at_least if self.at_least is not None else float(self.at_most or 0)
+
+    @property
+    def direction(self) -> Literal["at_least", "at_most"]:
+        """``at_least`` (B must be this much better) or ``at_most`` (regression gate)."""
+        return "at_least" if self.at_least is not None else "at_most"
+
+
+class GuardThresholds(StrictModel):
+    """Thresholds of the validity guards (DESIGN section 9), registered with the plan."""
+
+    max_send_lag_p99_ms: float = Field(default=5.0, gt=0, description="Generator lag: p99 send lag bound.")
+    max_rate_shortfall: float = Field(
+        default=0.02, ge=0, lt=1, description="Generator lag: achieved vs scheduled send rate shortfall."
+    )
+    max_duplicate_prompts: int = Field(
+        default=0, ge=0, description="Repeated prompts: prompts identical beyond the shared prefix."
+    )
+    prefix_hit_tolerance: float = Field(
+        default=0.15, ge=0, le=1, description="Repeated prompts: |server hit rate - expected| bound."
+    )
+    max_wrong_output_share: float = Field(
+        default=0.0, ge=0, le=1, description="Output limit: share of finished requests with wrong length."
+    )
+    max_identical_output_share: float = Field(
+        default=0.5, ge=0, le=1, description="Frozen randomness: share of requests sharing one output."
+    )
+    stall_gap_ms: float = Field(default=500, gt=0, description="Stalls: an inter-token gap beyond this.")
+    max_stall_share: float = Field(
+        default=0.01, ge=0, le=1, description="Stalls: share of requests with a stall before failing."
+    )
+    steady_state_tolerance: float = Field(
+        default=0.15, ge=0, le=1, description="Steady state: first vs last third, relative difference."
+    )
+
+
+class SimSettings(StrictModel):
+    """Parameters of the simulated engine: noise and faults (off by default)."""
+
+    noise: float = Field(
+        default=0.0, ge=0, le=0.5, description="Run-to-run efficiency jitter (sigma, relative)."
+    )
+    stall_every_steps: int = Field(default=0, ge=0, description="Stall once every N engine steps (0: never).")
+    stall_ms: float = Field(default=0.0, ge=0, description="Length of one stall, ms.")
+    kv_link: Literal["nvlink", "rdma"] = Field(
+        default="nvlink", description="Prefill-to-decode KV path: within a node or between nodes."
+    )
+    rdma_bytes_s: float = Field(default=50e9, gt=0, description="RDMA bandwidth per GPU, bytes/s (400 Gb/s).")
+
+
+class Plan(StrictModel):
+    """An experiment plan. Registered (hashed and stored) before its first run; never edited."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Experiment name.")
+    hypothesis: str = Field(default="", description="What the experiment is meant to show, in words.")
+    model: ModelRef = Field(description="Catalog name (e.g. qwen3-8b) or a full model spec.")
+    arms: dict[str, Arm] = Field(description="The two arms, named A and B.")
+    router: RouterConfig = Field(
+        default_factory=RouterConfig, description="Router of every arm that sets none."
+    )
+    workload: Workload = Field(description="Arrivals, prompts, replies.")
+    classes: list[ClassRef] = Field(
+        default_factory=lambda: list(SERVICE_CLASSES.values()),
+        min_length=1,
+        description="Service classes measured: built-in names or {name, ttft_ms, tpot_ms}.",
+    )
+    search: SearchSettings = Field(description="Capacity search settings.")
+    design: Design = Field(default_factory=Design, description="Blocks and order.")
+    bars: list[Bar] = Field(default_factory=list, description="Acceptance bars, registered before any run.")
+    guards: GuardThresholds = Field(default_factory=GuardThresholds, description="Validity guard thresholds.")
+    backend: Backend = Field(default="sim", description="Where arms run: sim, local or kubernetes.")
+    sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
+
+    @field_validator("arms")
+    @classmethod
+    def _a_and_b(cls, v: dict[str, Arm]) -> dict[str, Arm]:
+        if set(v) != {"A", "B"}:
+            raise ValueError(f"arms must be exactly A and B; got {', '.join(sorted(v)) or 'none'}")
+        return dict(sorted(v.items()))
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Plan:
+        problems = cross_check(
+            model=self.model, arms=self.arms, workload=self.workload, classes=self.classes, bars=self.bars
+        )
+        if problems:
+            raise PlanError(problems)
+        return self
+
+    def arm(self, name: str) -> Arm:
+        """Arm ``A`` or ``B``."""
+        return self.arms[name]
+
+    def router_for(self, name: str) -> RouterConfig:
+        """The router an arm runs behind: its own or the plan's."""
+        return self.arms[name].router or self.router
+
+    def service_class(self, name: str) -> ServiceClass:
+        """A measured class by name."""
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+# Section name -> type, so cross checks can run on the sections that validate on their own
+# even when another part of the plan is wrong (every problem reported at once).
+SECTION_TYPES: dict[str, Any] = {
+    "model": ModelRef,
+    "arms": dict[str, Arm],
+    "workload": Workload,
+    "classes": list[ClassRef],
+    "bars": list[Bar],
+}
+
+
+def cross_check(
+    model: ModelSpec | None,
+    arms: dict[str, Arm] | None,
+    workload: Workload | None,
+    classes: list[ServiceClass] | None,
+    bars: list[Bar] | None,
+) -> list[Problem]:
+    """Checks across sections; each runs when the sections it needs are valid."""
+    problems: list[Problem] = []
+    if classes is not None:
+        seen: set[str] = set()
+        for i, c in enumerate(classes):
+            if c.name in seen:
+                problems.append(Problem(f"classes.{i}", f"class {c.name!r} is listed twice"))
+            seen.add(c.name)
+    if bars is not None:
+        ids: set[str] = set()
+        for i, bar in enumerate(bars):
+            if bar.id in ids:
+                problems.append(Problem(f"bars.{i}.id", f"bar id {bar.id!r} is used twice"))
+            ids.add(bar.id)
+            if classes is not None and bar.service_class not in {c.name for c in classes}:
+                measured = ", ".join(c.name for c in classes)
+                problems.append(
+                    Problem(
+                        f"bars.{i}.class",
+                        f"class {bar.service_class!r} is not measured by this plan (classes: {measured})",
+                    )
+                )
+            if workload is not None and bar.metric == "capacity" and not workload.open_loop:
+                problems.append(
+                    Problem(
+                        f"bars.{i}.metric",
+                        "capacity comes from open-loop runs only; this workload is closed loop",
+                    )
+                )
+    if model is not None and arms is not None:
+        for name, arm in arms.items():
+            problems.extend(_weights_fit(model, name, arm))
+    return problems
+
+
+def _weights_fit(model: ModelSpec, name: str, arm: Arm) -> list[Problem]:
+    spec = GPUS[arm.gpu]
+    usable = spec.memory_bytes * arm.engine.gpu_memory_utilization
+    weights = model.weight_bytes(arm.engine.quantization)
+    out: list[Problem] = []
+    for role, pool in arm.pools().items():
+        per_gpu = weights / pool.tp
+        if per_gpu >= usable:
+            path = f"arms.{name}.tp" if role == "worker" else f"arms.{name}.{role}.tp"
+            out.append(
+                Problem(
+                    path,
+                    f"{model.name} weights need {per_gpu / 1e9:.1f} GB per GPU at TP {pool.tp}; "
+                    f"{arm.gpu} offers {usable / 1e9:.1f} GB at gpu_memory_utilization "
+                    f"{arm.engine.gpu_memory_utilization}: raise tp or quantize",
+                )
+            )
+    return out
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """Things that are legal but probably not what the user meant."""
+    out: list[str] = []
+    ctx = plan.workload.mean_context_tokens()
+    for name, arm in plan.arms.items():
+        spec = GPUS[arm.gpu]
+        kv_per_token = plan.model.kv_bytes_per_token(arm.engine.kv_cache_dtype)
+        for role, pool in arm.pools().items():
+            if role == "prefill":
+                continue
+            free = spec.memory_bytes * arm.engine.gpu_memory_utilization * pool.tp
+            free -= plan.model.weight_bytes(arm.engine.quantization)
+            fit = int(max(free, 0) // (kv_per_token * ctx))
+            if fit < arm.engine.max_num_seqs:
+                out.append(
+                    f"arms.{name}: the KV cache holds about {fit} sequences of the workload's mean "
+                    f"context ({ctx:.0f} tokens), fewer than max_num_seqs={arm.engine.max_num_seqs}; "
+                    "the engine will queue or preempt"
+                )
+    if plan.bars and plan.design.blocks < 2:
+        out.append("design.blocks: a bar is judged over blocks; with fewer than 2 it stays INCONCLUSIVE")
+    return out

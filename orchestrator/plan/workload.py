@@ -1,0 +1,120 @@
+"""The workload: how requests arrive and what they ask for."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator.plan.base import CrossFieldError, StrictModel
+
+
+class LengthDist(StrictModel):
+    """A distribution of token counts (prompt lengths)."""
+
+    mean: float = Field(gt=0, description="Mean token count.")
+    dist: Literal["fixed", "lognormal", "uniform", "normal"] = Field(
+        default="fixed", description="Shape of the distribution."
+    )
+    sigma: float = Field(
+        default=0.0,
+        ge=0,
+        description="lognormal: sigma of the log; normal: standard deviation in tokens; "
+        "uniform: half-width as a share of the mean.",
+    )
+    min: int = Field(default=1, ge=1, description="Lower clip, tokens.")
+    max: int | None = Field(default=None, ge=1, description="Upper clip, tokens (default none).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LengthDist:
+        if self.max is not None and self.max < self.min:
+            raise CrossFieldError([("max", f"max ({self.max}) is below min ({self.min})")])
+        if self.dist == "uniform" and self.sigma >= 1:
+            raise CrossFieldError([("sigma", "uniform half-width share must be < 1")])
+        return self
+
+
+class OpenLoop(StrictModel):
+    """Requests sent on a clock, whether or not the server keeps up (capacity needs this)."""
+
+    process: Literal["poisson", "gamma", "constant"] = Field(
+        default="poisson", description="Inter-arrival process."
+    )
+    burstiness: float = Field(
+        default=1.0,
+        gt=0,
+        description="gamma: shape factor; 1 is poisson, below 1 burstier (vllm bench's meaning).",
+    )
+
+
+class ClosedLoop(StrictModel):
+    """N users, each waiting for its reply (and a think time) before sending again."""
+
+    users: int = Field(ge=1, description="Concurrent users.")
+    think_s: float = Field(default=0.0, ge=0, description="Pause between a reply and the next request.")
+    ramp_up_s: float = Field(default=0.0, ge=0, description="Users start evenly over this time.")
+
+
+class PromptSpec(StrictModel):
+    """What the prompts look like."""
+
+    input_tokens: LengthDist = Field(description="Prompt length of a conversation's first turn.")
+    shared_prefix: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of first-turn prompt tokens common to all requests (a system prompt).",
+    )
+    conversations: int = Field(default=1000, ge=1, description="Distinct conversations.")
+    turns: int = Field(default=1, ge=1, description="Turns per conversation; history grows each turn.")
+    followup_tokens: LengthDist | None = Field(
+        default=None,
+        description="New user tokens per later turn; default: the unshared part of input_tokens.",
+    )
+
+
+class Workload(StrictModel):
+    """Arrivals, prompts and replies."""
+
+    arrival: OpenLoop | None = Field(
+        default=None, description="Open-loop arrivals (default poisson when `closed` is absent)."
+    )
+    closed: ClosedLoop | None = Field(default=None, description="Closed-loop users instead of arrivals.")
+    prompts: PromptSpec = Field(description="Prompt lengths, sharing and conversations.")
+    output_tokens: int = Field(
+        ge=1, description="Reply length, enforced with max_tokens + ignore_eos and checked."
+    )
+    api: Literal["completions", "chat"] = Field(default="completions", description="Endpoint used.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_arrival(cls, data: object) -> object:
+        if isinstance(data, dict) and "arrival" not in data and "closed" not in data:
+            data = {**data, "arrival": {"process": "poisson"}}
+        return data
+
+    @model_validator(mode="after")
+    def _one_loop(self) -> Workload:
+        if self.arrival is not None and self.closed is not None:
+            raise CrossFieldError([("closed", "give either `arrival` (open loop) or `closed`, not both")])
+        return self
+
+    @property
+    def open_loop(self) -> bool:
+        """True when requests arrive on a clock (the only kind capacity may come from)."""
+        return self.closed is None
+
+    def mean_context_tokens(self) -> float:
+        """Mean tokens a sequence holds at the end of its reply, averaged over turns."""
+        p = self.prompts
+        first = p.input_tokens.mean
+        follow = (
+            p.followup_tokens.mean
+            if p.followup_tokens is not None
+            else p.input_tokens.mean * (1 - p.shared_prefix)
+        )
+        # Turn t (0-based) prompt = first + t * (output + follow); its context adds the reply.
+        total = 0.0
+        for t in range(p.turns):
+            total += first + t * (self.output_tokens + follow) + self.output_tokens
+        return total / p.turns

@@ -1,0 +1,1 @@
+"""Virtual-time discrete-event engine (pure)."""

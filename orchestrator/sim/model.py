@@ -1,0 +1,1 @@
+"""Performance model of a continuous-batching engine on a GPU (pure)."""

@@ -1,0 +1,1 @@
+"""Every plan, run, point, request, guard result, capacity and verdict: SQLAlchemy + Alembic."""

@@ -1,0 +1,110 @@
+"""Test tiers, the private PostgreSQL and database fixtures, and CI's required-tier rule."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import postgres
+
+TIERS = ("unit", "integration", "e2e")
+REQUIRED_TIERS = ("unit", "integration", "e2e")
+ROOT = Path(__file__).resolve().parent.parent
+_outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests")
+        tier = rel.parts[0] if rel.parts else ""
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def _tier_of(item_keywords: object) -> str | None:
+    for tier in TIERS:
+        if tier in item_keywords:  # type: ignore[operator]
+            return tier
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _tier_of(report.keywords)
+    if tier is None:
+        return
+    if report.when == "call" or report.outcome == "skipped" or (report.when == "setup" and report.failed):
+        _outcomes[tier][report.outcome] += 1
+
+
+def _full_run(config: pytest.Config) -> bool:
+    return not config.option.markexpr and not config.option.keyword and not config.option.lf
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("CI") != "true" or not _full_run(session.config):
+        return
+    problems = []
+    for tier in REQUIRED_TIERS:
+        got = _outcomes.get(tier, {})
+        if got.get("passed", 0) == 0:
+            problems.append(f"required tier {tier!r} ran no passing test")
+        if got.get("skipped", 0):
+            problems.append(f"required tier {tier!r} skipped {got['skipped']} test(s) under CI=true")
+    if problems:
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        for p in problems:
+            if tr:
+                tr.write_line(f"CI tier check: {p}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[postgres.PrivatePostgres | str]:
+    """The session's PostgreSQL: ORCH_TEST_DATABASE_URL's server, or a private cluster."""
+    external = os.environ.get("ORCH_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    bindir = postgres.find_bindir()
+    if bindir is None:
+        msg = "PostgreSQL server binaries not found (install postgresql or set ORCH_TEST_DATABASE_URL)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    pg = postgres.start(bindir)
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+@pytest.fixture
+def pg_url(private_postgres: postgres.PrivatePostgres | str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test."""
+    if isinstance(private_postgres, str):
+        yield private_postgres
+        return
+    name = private_postgres.create_database()
+    try:
+        yield private_postgres.url(name)
+    finally:
+        private_postgres.drop_database(name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite file for one test."""
+    return f"sqlite:///{tmp_path / f'orch-{uuid.uuid4().hex[:8]}.sqlite'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Both databases the store supports, one test each."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")
