@@ -10,6 +10,7 @@ from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.arms import Arm, RouterConfig
 from orchestrator.plan.base import CrossFieldError, StrictModel
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
+from orchestrator.plan.kubernetes import KubernetesSettings
 from orchestrator.plan.workload import Workload
 
 
@@ -198,6 +199,7 @@ class Plan(StrictModel):
     guards: GuardThresholds = Field(default_factory=GuardThresholds, description="Validity guard thresholds.")
     backend: Backend = Field(default="sim", description="Where arms run: sim, local or kubernetes.")
     sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="Cluster settings (backend: kubernetes).")
 
     @field_validator("arms")
     @classmethod
