@@ -1,1 +1,269 @@
-"""Workload synthesis: prompts, shared prefixes, conversations (pure)."""
+"""Workload synthesis: prompts, shared prefixes, conversations (pure).
+
+Token scheme (DESIGN, contracts): one token = one whitespace-separated word. Prompts are built
+from a fixed vocabulary of short common English words, so against the simulated server the
+count is exact (it counts ``len(text.split())``) and against a real BPE tokenizer each word is
+close to one token: a *stated approximation*, not an exact count.
+
+A first-turn prompt is ``[shared prefix][nonce][unique words]``: the shared prefix (a system
+prompt) is common to every request of the point; the nonce encodes the conversation id and the
+seed, so no two conversations repeat by accident; the unique words are random. Turn t+1 is turn
+t's prompt + a synthetic assistant reply of ``max_tokens`` words + new user words, so the whole
+open-loop request list is fixed up front from the seed.
+
+Requests interleave conversations: C conversations are open at once, round r sends turn r of
+each (in a shuffled order), so a conversation's next turn comes about C requests later, as in
+real traffic; after C x turns requests a new generation of C conversations starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.loadgen.schedules import derive_seed
+from orchestrator.plan.workload import LengthDist, Workload
+
+# 256 short common English words: each is one token under common BPE vocabularies (with its
+# leading space), so the word count approximates a real tokenizer's count.
+VOCAB: tuple[str, ...] = tuple(
+    ["the", "of", "and", "to", "in", "is", "for", "on", "that", "with", "as", "it", "at", "by", "from", "be", "this", "are", "or", "an", "was", "have", "not", "but", "they", "his", "her", "she", "he", "we", "you", "all", "one", "can", "will", "has", "more", "when", "there", "their", "what", "so", "about", "out", "up", "into", "if", "its", "two", "time", "also", "new", "other", "some", "could", "than", "only", "them", "these", "may", "first", "then", "any", "like", "over", "such", "our", "after", "most", "made", "use", "through", "years", "way", "many", "before", "where", "much", "well", "back", "been", "work", "each", "him", "me", "now", "should", "because", "good", "very", "just", "long", "same", "own", "see", "year", "day", "used", "world", "both", "down", "between", "life", "under", "never", "three", "place", "while", "last", "might", "high", "still", "found", "know", "take", "every", "part", "small", "city", "must", "off", "old", "since", "name", "place", "great", "line", "year", "end", "right", "little", "think", "tell", "long", "point", "home", "hand", "give", "house", "high", "again", "ever", "head", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "study", "book", "eye", "job", "word", "side", "kind", "four", "game", "week", "case", "group", "night", "live", "car", "body", "white", "man", "far", "open", "run", "turn", "move", "play", "light", "next", "hard", "dog", "cat", "tree", "sun", "rain", "road", "town", "red", "blue", "green", "black", "sea", "air", "fire", "food", "door", "bed", "ship", "farm", "king", "song", "bird", "fish", "hill", "rock", "star", "sky", "field", "wind", "river", "paper", "table", "music", "art", "love", "war", "rest", "show", "sure", "hope", "free", "form", "call", "plan", "step", "test", "rate", "cost", "view", "page", "list", "team", "hold", "land", "west", "east", "north", "south", "born", "cold", "warm", "hot", "less", "real", "full", "deep", "wide", "low", "fast", "slow", "near", "soon", "late", "age", "bit", "box", "cup", "egg", "leg", "arm", "lip", "map", "pen", "pot", "hat", "key", "bag", "toy", "gold", "iron", "salt", "milk", "tea", "rice", "corn", "wood", "glass", "stone", "wall", "hall", "gate", "path", "bank", "shop", "club", "card", "seat"]
+)
+# Deduplicate while keeping order (the list above repeats a few words).
+VOCAB = tuple(dict.fromkeys(VOCAB))
+_VOCAB_ARR = np.array(VOCAB, dtype=object)
+_V = len(VOCAB)
+
+NONCE_WORDS = 5  # 3 words of conversation id (base |VOCAB|) + 2 words of the seed
+BLOCK_TOKENS = 16  # vLLM's prefix-cache block size: only whole blocks are reused
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request of a point's list, fixed before the point starts."""
+
+    request_id: int
+    conversation_id: int
+    turn: int
+    prompt: str  # words; len(prompt.split()) == prompt_tokens
+    prompt_tokens: int
+    shared_prefix_tokens: int  # leading tokens common to every request (system prompt)
+    max_tokens: int  # sent with ignore_eos: true
+    prompt_hash: str  # hash of the prompt beyond the shared prefix
+    # Chat only: (role, content) in order; the contents joined by one space equal ``prompt``.
+    messages: tuple[tuple[str, str], ...] = ()
+
+
+def sample_lengths(dist: LengthDist, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Token counts from a registered length distribution (mean is the distribution's mean),
+    rounded and clipped to [min, max]."""
+    if dist.dist == "fixed" or dist.sigma == 0:
+        x = np.full(size, dist.mean, dtype=np.float64)
+    elif dist.dist == "lognormal":
+        mu = math.log(dist.mean) - dist.sigma**2 / 2
+        x = rng.lognormal(mu, dist.sigma, size)
+    elif dist.dist == "uniform":
+        x = rng.uniform(dist.mean * (1 - dist.sigma), dist.mean * (1 + dist.sigma), size)
+    else:  # normal
+        x = rng.normal(dist.mean, dist.sigma, size)
+    x = np.rint(x)
+    hi = dist.max if dist.max is not None else np.inf
+    return np.clip(x, dist.min, hi).astype(np.int64)
+
+
+def _words(rng: np.random.Generator, n: int) -> list[str]:
+    if n <= 0:
+        return []
+    return list(_VOCAB_ARR[rng.integers(0, _V, n)])
+
+
+def _encode(value: int, digits: int) -> list[str]:
+    out = []
+    for _ in range(digits):
+        out.append(VOCAB[value % _V])
+        value //= _V
+    return out
+
+
+def _nonce(conversation_id: int, seed: int) -> list[str]:
+    if conversation_id >= _V**3:
+        raise ValueError(f"too many conversations for the nonce ({conversation_id} >= {_V**3})")
+    return _encode(conversation_id, 3) + _encode(derive_seed(seed, "nonce"), 2)
+
+
+def _hash(words: Sequence[str]) -> str:
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:32]
+
+
+def shared_prefix_tokens(workload: Workload) -> int:
+    """Tokens of the shared prefix: the registered share of the mean first-turn prompt."""
+    p = workload.prompts
+    return int(round(p.shared_prefix * p.input_tokens.mean))
+
+
+def shared_prefix_words(workload: Workload, seed: int) -> list[str]:
+    """The system prompt common to every request of a point."""
+    rng = np.random.default_rng(derive_seed(seed, "shared-prefix"))
+    return _words(rng, shared_prefix_tokens(workload))
+
+
+class _Conversation:
+    """Builds one conversation's turns lazily, from its own random stream (so the content of a
+    conversation does not depend on how many requests the point has)."""
+
+    def __init__(self, workload: Workload, conversation_id: int, seed: int, prefix: list[str]):
+        self.workload = workload
+        self.rng = np.random.default_rng([derive_seed(seed, "conversation"), conversation_id])
+        p = workload.prompts
+        first_len = int(sample_lengths(p.input_tokens, 1, self.rng)[0])
+        # The prompt holds at least the prefix and the nonce (stated: tiny prompts grow to fit).
+        unique = max(0, first_len - len(prefix) - NONCE_WORDS)
+        user = _nonce(conversation_id, seed) + _words(self.rng, unique)
+        self.segments: list[tuple[str, list[str]]] = []
+        if prefix:
+            self.segments.append(("system", prefix))
+        self.segments.append(("user", user))
+        self.turns_built = 1
+
+    def turn_segments(self, turn: int) -> list[tuple[str, list[str]]]:
+        """Segments (role, words) of the prompt of ``turn`` (0-based)."""
+        while self.turns_built <= turn:
+            reply = _words(self.rng, self.workload.output_tokens)
+            follow = self.workload.prompts.followup_tokens
+            if follow is not None:
+                n_new = int(sample_lengths(follow, 1, self.rng)[0])
+            else:
+                first = int(sample_lengths(self.workload.prompts.input_tokens, 1, self.rng)[0])
+                n_new = max(1, first - shared_prefix_tokens(self.workload))
+            self.segments.append(("assistant", reply))
+            self.segments.append(("user", _words(self.rng, n_new)))
+            self.turns_built += 1
+        # Turn t has the prefix (if any), then 2t+1 user/assistant segments.
+        keep = (1 if self.segments[0][0] == "system" else 0) + 2 * turn + 1
+        return self.segments[:keep]
+
+
+class _Slots:
+    """(conversation_id, turn) of each request: round r of a generation sends turn r of every
+    conversation of that generation, in an order shuffled per round (from the seed), so the gap
+    between a conversation's turns varies as in real traffic and a round-robin router does not
+    meet the same conversation on the same worker by arithmetic accident."""
+
+    def __init__(self, conversations: int, turns: int, seed: int):
+        self.conversations, self.turns, self.seed = conversations, turns, seed
+        self._orders: dict[tuple[int, int], np.ndarray] = {}
+
+    def __call__(self, i: int) -> tuple[int, int]:
+        generation, within = divmod(i, self.conversations * self.turns)
+        turn, slot = divmod(within, self.conversations)
+        key = (generation, turn)
+        order = self._orders.get(key)
+        if order is None:
+            self._orders.clear()  # rounds are visited in order: keep one
+            rng = np.random.default_rng(derive_seed(self.seed, "order", generation, turn))
+            order = self._orders[key] = rng.permutation(self.conversations)
+        return generation * self.conversations + int(order[slot]), turn
+
+
+def build_requests(workload: Workload, n: int, seed: int) -> list[RequestSpec]:
+    """The point's ``n`` requests, fully determined by (workload, n, seed)."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    p = workload.prompts
+    prefix = shared_prefix_words(workload, seed)
+    chat = workload.api == "chat"
+    slots = _Slots(p.conversations, p.turns, seed)
+    convs: dict[int, _Conversation] = {}
+    out: list[RequestSpec] = []
+    for i in range(n):
+        cid, turn = slots(i)
+        conv = convs.get(cid)
+        if conv is None:
+            conv = convs[cid] = _Conversation(workload, cid, seed, prefix)
+        segments = conv.turn_segments(turn)
+        words = [w for _, seg in segments for w in seg]
+        messages = tuple((role, " ".join(seg)) for role, seg in segments) if chat else ()
+        out.append(
+            RequestSpec(
+                request_id=i,
+                conversation_id=cid,
+                turn=turn,
+                prompt=" ".join(words),
+                prompt_tokens=len(words),
+                shared_prefix_tokens=len(prefix),
+                max_tokens=workload.output_tokens,
+                prompt_hash=_hash(words[len(prefix) :]),
+                messages=messages,
+            )
+        )
+        if turn == p.turns - 1:
+            del convs[cid]  # its last turn: free the history
+    return out
+
+
+# ---- expected prefix-cache hit rate -------------------------------------------------------
+
+
+def _block_aligned(tokens: int, prompt_tokens: int) -> int:
+    # vLLM reuses whole 16-token blocks and always computes at least the prompt's last token.
+    return (min(tokens, prompt_tokens - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+
+
+def _route(policy: str, workers: int, i: int, cid: int, holder: dict[int, int], rng: random.Random) -> int:
+    if policy == "round_robin":
+        return i % workers
+    if policy == "consistent_hash":
+        return derive_seed(0, "conversation", cid) % workers
+    if policy == "cache_aware":
+        # Follow the worker that holds the conversation's history; spread new conversations.
+        return holder.get(cid, i % workers)
+    if policy in ("power_of_two", "random", "least_loaded"):
+        # No affinity: a fixed pseudo-random draw stands for load-based choice.
+        return rng.randrange(workers)
+    raise ValueError(f"unknown routing policy {policy!r}")
+
+
+def expected_prefix_hit_rate(requests: Sequence[RequestSpec], workers: int, policy: str) -> float:
+    """Prefix-cache hits / prompt tokens the server should report for this request list.
+
+    Each worker's cache is taken as unbounded (eviction only lowers the figure), hits count in
+    whole 16-token blocks, and the prompt is reused but not the server's own reply (the next
+    turn carries our synthetic reply, which the server never generated). A request reuses the
+    longest of: the shared prefix, if its worker has served anything; the previous turn's
+    prompt of its conversation, if that turn ran on the same worker.
+    """
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    rng = random.Random(0)
+    served: set[int] = set()
+    # conversation -> {worker: longest prompt of that conversation it has processed}
+    history: dict[int, dict[int, int]] = {}
+    holder: dict[int, int] = {}
+    hit = total = 0
+    for i, r in enumerate(requests):
+        w = _route(policy, workers, i, r.conversation_id, holder, rng)
+        best = r.shared_prefix_tokens if w in served else 0
+        seen = history.setdefault(r.conversation_id, {})
+        if w in seen:
+            best = max(best, seen[w])
+        hit += _block_aligned(best, r.prompt_tokens)
+        total += r.prompt_tokens
+        served.add(w)
+        seen[w] = max(seen.get(w, 0), r.prompt_tokens)
+        holder[r.conversation_id] = w
+    return hit / total if total else 0.0
+
+
+def ideal_prefix_hit_rate(requests: Sequence[RequestSpec]) -> float:
+    """Upper bound: one cache that sees every request (perfect routing, no eviction)."""
+    return expected_prefix_hit_rate(requests, 1, "round_robin")
+
+
+def approx_prefix_hit_rate(share: float, workers: int) -> float:
+    """The seed notes' first-order round-robin figure h ~ s + (1 - s)/n (multi-turn traffic)."""
+    return share + (1 - share) / workers
