@@ -1,1 +1,0 @@
-"""Virtual-time discrete-event engine (pure)."""

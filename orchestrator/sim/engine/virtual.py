@@ -1,0 +1,316 @@
+"""Virtual-time discrete-event runs of a simulated cluster (pure, no sockets).
+
+Events: request arrivals (open loop: a fixed schedule; closed loop: users who wait for their
+reply and think), and the end of each worker's step. Workers step back to back while they
+have work. Every scheduled request yields one ``RequestRecord`` with the same meaning as the
+real load generator's (DESIGN section 7): unfinished requests end as ``timeout``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from orchestrator.records import RequestRecord
+from orchestrator.sim.engine.cache import block_hashes
+from orchestrator.sim.engine.cluster import ClusterSpec
+from orchestrator.sim.engine.routing import Router
+from orchestrator.sim.engine.worker import Sequence as Seq
+from orchestrator.sim.engine.worker import Worker
+
+ARRIVE, STEP_END, WAKE, USER = range(4)
+
+
+class RequestLike(Protocol):
+    """What the engine reads of a request (orchestrator.loadgen.workloads.RequestSpec)."""
+
+    request_id: int
+    conversation_id: int
+    turn: int
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    prompt_hash: str
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Phases of a load point by scheduled time: warm-up, measurement, cool-down (seconds)."""
+
+    warmup_s: float = 0.0
+    measure_s: float = 60.0
+    cooldown_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """Length of the whole point."""
+        return self.warmup_s + self.measure_s + self.cooldown_s
+
+    def phase(self, t: float) -> str:
+        """warmup | measure | cooldown for a scheduled time."""
+        if t < self.warmup_s:
+            return "warmup"
+        if t < self.warmup_s + self.measure_s:
+            return "measure"
+        return "cooldown"
+
+
+@dataclass
+class SimResult:
+    """Records of every scheduled request, plus what the engine's /metrics would have said."""
+
+    records: list[RequestRecord]
+    end_s: float
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    worker_hit_rates: list[float] = field(default_factory=list)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Server-side prefix-cache hit rate over all workers (tokens)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+
+def output_hash(seed: int, request_id: int, frozen: bool = False) -> str:
+    """Hash of the sampled text: distinct per request unless randomness is frozen."""
+    key = f"{seed}:{0 if frozen else request_id}".encode()
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+class _Run:
+    def __init__(self, cluster: ClusterSpec, requests: Sequence[RequestLike], seed: int):
+        self.cluster = cluster
+        self.requests = requests
+        self.seed = seed
+        kw = dict(
+            link_bytes_s=cluster.link_bytes_s,
+            stall_every_steps=cluster.stall_every_steps,
+            stall_s=cluster.stall_s,
+        )
+        rk = dict(
+            cache_threshold=cluster.cache_threshold,
+            balance_abs_threshold=cluster.balance_abs_threshold,
+        )
+        if cluster.disaggregated:
+            self.front = [Worker(m, name=f"prefill-{i}", **kw) for i, m in enumerate(cluster.prefill)]  # type: ignore[arg-type]
+            self.back = [Worker(m, name=f"decode-{i}", **kw) for i, m in enumerate(cluster.decode)]  # type: ignore[arg-type]
+            self.router_back: Router | None = Router(cluster.policy, len(self.back), seed=seed + 1, **rk)  # type: ignore[arg-type]
+        else:
+            self.front = [Worker(m, name=f"worker-{i}", **kw) for i, m in enumerate(cluster.workers)]  # type: ignore[arg-type]
+            self.back = []
+            self.router_back = None
+        self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]
+        self.workers = self.front + self.back
+        self.busy = [False] * len(self.workers)
+        self.wake_at: list[float | None] = [None] * len(self.workers)
+        self.events: list[tuple[float, int, int, int]] = []
+        self.n_ev = 0
+        self.hashes: dict[int, tuple[int, ...]] = {}
+        self.records: dict[int, RequestRecord] = {}
+        self.front_seq: dict[int, Seq] = {}
+        self.outstanding = 0
+        self.on_done = None  # closed loop: callback(index, time)
+
+    def push(self, t: float, kind: int, a: int) -> None:
+        self.n_ev += 1
+        heapq.heappush(self.events, (t, self.n_ev, kind, a))
+
+    def hashes_of(self, i: int) -> tuple[int, ...]:
+        h = self.hashes.get(i)
+        if h is None:
+            h = block_hashes(self.requests[i].prompt.split())
+            self.hashes[i] = h
+        return h
+
+    def kick(self, wi: int, now: float) -> None:
+        if self.busy[wi]:
+            return
+        w = self.workers[wi]
+        dur = w.begin_step(now)
+        if dur is not None:
+            self.busy[wi] = True
+            self.push(now + dur, STEP_END, wi)
+            return
+        wake = w.next_wakeup()
+        if wake is not None and self.wake_at[wi] != wake:
+            self.wake_at[wi] = wake
+            self.push(max(wake, now), WAKE, wi)
+
+    def arrive(self, i: int, now: float, phase: str) -> None:
+        r = self.requests[i]
+        rec = RequestRecord(
+            request_id=r.request_id,
+            conversation_id=r.conversation_id,
+            turn=r.turn,
+            phase=phase,
+            scheduled_s=now,
+            sent_s=now,
+            prompt_tokens=r.prompt_tokens,
+            output_tokens_asked=r.max_tokens,
+            prompt_hash=r.prompt_hash,
+        )
+        self.records[i] = rec
+        hashes = self.hashes_of(i)
+        wi = self.router.pick(hashes, r.prompt_tokens, r.conversation_id)
+        max_tokens = 1 if self.back else r.max_tokens
+        seq = Seq(key=i, prompt_tokens=r.prompt_tokens, max_tokens=max_tokens, hashes=hashes, tag=(i, wi))
+        self.outstanding += 1
+        self.workers[wi].submit(seq)
+        self.kick(wi, now)
+
+    def step_end(self, wi: int, now: float) -> None:
+        self.busy[wi] = False
+        res = self.workers[wi].end_step(now)
+        for seq in res.finished:
+            i, w_from = seq.tag  # type: ignore[misc]
+            if self.back and wi < len(self.front):
+                self.router.done(w_from)
+                self.front_seq[i] = seq
+                r = self.requests[i]
+                assert self.router_back is not None
+                d = self.router_back.pick(seq.hashes, r.prompt_tokens, r.conversation_id)
+                dseq = Seq(
+                    key=i,
+                    prompt_tokens=r.prompt_tokens,
+                    max_tokens=r.max_tokens,
+                    hashes=seq.hashes,
+                    remote_tokens=r.prompt_tokens,
+                    tag=(i, d),
+                )
+                di = len(self.front) + d
+                self.workers[di].submit(dseq)
+                self.kick(di, now)
+            else:
+                if self.back:
+                    self.router_back.done(w_from)  # type: ignore[union-attr]
+                else:
+                    self.router.done(w_from)
+                self.finish(i, seq)
+                if self.on_done is not None:
+                    self.on_done(i, now)
+        self.kick(wi, now)
+
+    def finish(self, i: int, seq: Seq) -> None:
+        rec = self.records[i]
+        front = self.front_seq.pop(i, seq)
+        rec.first_token_s = seq.first_token_s
+        rec.last_token_s = seq.last_token_s
+        rec.output_tokens = seq.generated
+        rec.cached_tokens = front.cached_tokens
+        rec.chunks = seq.chunks
+        rec.max_gap_s = seq.max_gap_s
+        rec.status = "ok"
+        rec.http_status = 200
+        rec.output_hash = output_hash(self.seed, rec.request_id)
+        self.outstanding -= 1
+
+    def loop(self, until: float) -> float:
+        now = 0.0
+        events = self.events
+        while events:
+            t, _, kind, a = heapq.heappop(events)
+            if t > until:
+                heapq.heappush(events, (t, 0, kind, a))
+                break
+            now = t
+            if kind == STEP_END:
+                self.step_end(a, t)
+            elif kind == ARRIVE:
+                self.arrive(a, t, self._phase(t))
+            elif kind == WAKE:
+                self.wake_at[a] = None
+                self.kick(a, t)
+            elif kind == USER:
+                self.user_next(a, t)
+        return now
+
+    def _phase(self, t: float) -> str:
+        return self.windows.phase(t)
+
+    windows: Windows = Windows()
+
+    def user_next(self, user: int, t: float) -> None:  # closed loop only
+        raise NotImplementedError
+
+    def result(self, end: float) -> SimResult:
+        for rec in self.records.values():
+            if rec.status == "unsent":  # scheduled and sent, never finished
+                rec.status = "timeout"
+        recs = [self.records[i] for i in sorted(self.records)]
+        q = sum(w.memory.queries for w in self.front)
+        h = sum(w.memory.hits for w in self.front)
+        return SimResult(
+            records=recs,
+            end_s=end,
+            prefix_queries=q,
+            prefix_hits=h,
+            preemptions=sum(w.preemptions for w in self.workers),
+            steps=sum(w.step_no for w in self.workers),
+            worker_hit_rates=[w.memory.hits / w.memory.queries if w.memory.queries else 0.0 for w in self.front],
+        )
+
+
+def simulate_open_loop(
+    cluster: ClusterSpec,
+    requests: Sequence[RequestLike],
+    offsets: Sequence[float],
+    windows: Windows,
+    *,
+    drain_s: float = 60.0,
+    seed: int = 0,
+) -> SimResult:
+    """Send ``requests[i]`` at ``offsets[i]`` whatever happens; run until all return or the
+    last send + ``drain_s`` (later ones end as timeouts)."""
+    n = min(len(requests), len(offsets))
+    run = _Run(cluster, requests, seed)
+    run.windows = windows
+    for i in range(n):
+        run.push(float(offsets[i]), ARRIVE, i)
+    last = float(offsets[n - 1]) if n else 0.0
+    end = run.loop(max(last, windows.total_s) + drain_s)
+    return run.result(end)
+
+
+def simulate_closed_loop(
+    cluster: ClusterSpec,
+    requests: Sequence[RequestLike],
+    users: int,
+    windows: Windows,
+    *,
+    think_s: float = 0.0,
+    ramp_up_s: float = 0.0,
+    drain_s: float = 60.0,
+    seed: int = 0,
+) -> SimResult:
+    """``users`` users each send, wait for the reply, think, send again, until the point ends;
+    requests are taken in order from ``requests`` (cycled if the point needs more)."""
+    run = _Run(cluster, requests, seed)
+    run.windows = windows
+    state = {"next": 0}
+    horizon = windows.total_s
+
+    def user_next(user: int, t: float) -> None:
+        if t >= horizon:
+            return
+        i = state["next"]
+        if i >= len(requests):
+            return
+        state["next"] = i + 1
+        run.user_of[i] = user  # type: ignore[attr-defined]
+        run.arrive(i, t, windows.phase(t))
+
+    def on_done(i: int, t: float) -> None:
+        run.push(t + think_s, USER, run.user_of[i])  # type: ignore[attr-defined]
+
+    run.user_of = {}  # type: ignore[attr-defined]
+    run.user_next = user_next  # type: ignore[method-assign]
+    run.on_done = on_done  # type: ignore[assignment]
+    for u in range(users):
+        run.push(ramp_up_s * u / users, USER, u)
+    end = run.loop(horizon + drain_s)
+    return run.result(end)
