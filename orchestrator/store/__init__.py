@@ -1,1 +1,23 @@
-"""Every plan, run, point, request, guard result, capacity and verdict: SQLAlchemy + Alembic."""
+"""Every plan, run, point, request, guard result, capacity and verdict: SQLAlchemy + Alembic.
+
+The one entry point is ``Store.open(url)``; history queries return pandas DataFrames.
+"""
+
+from orchestrator.store.database import ENV_VAR, default_url
+from orchestrator.store.ingest import DuplicateRequestRecords
+from orchestrator.store.repository import ImmutableRegistration, NotFound, Store, StoreConflict
+from orchestrator.store.rows import (
+    ExperimentInfo,
+    GuardRecord,
+    Registration,
+    RunInfo,
+    VerdictInfo,
+    arm_config,
+    config_columns,
+)
+
+__all__ = [
+    "ENV_VAR", "DuplicateRequestRecords", "ExperimentInfo", "GuardRecord", "ImmutableRegistration",
+    "NotFound", "Registration", "RunInfo", "Store", "StoreConflict", "VerdictInfo", "arm_config",
+    "config_columns", "default_url",
+]

@@ -1,0 +1,133 @@
+"""Where the database is, how to connect, and how to bring its schema to the latest revision.
+
+Alembic is configured here in code (no alembic.ini needed), so `orch db upgrade` works from any
+working directory. Without ORCH_DATABASE_URL the store is a SQLite file in the user's data
+directory, created and migrated on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from platformdirs import user_data_dir
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from orchestrator.errors import EnvironmentProblem, UserError
+
+ENV_VAR = "ORCH_DATABASE_URL"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def default_url() -> str:
+    """ORCH_DATABASE_URL, else a SQLite file in the user's data directory."""
+    url = os.environ.get(ENV_VAR, "").strip()
+    if url:
+        return url
+    return f"sqlite:///{Path(user_data_dir('orchestrator')) / 'orchestrator.sqlite'}"
+
+
+def _normalise(url: str) -> str:
+    """postgres:// and postgresql:// (what people paste) mean psycopg 3, which we install."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _on_sqlite_connect(dbapi_conn: object, _record: object) -> None:
+    # SQLite ignores foreign keys (and so ON DELETE CASCADE) unless asked, per connection.
+    cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def create_engine(url: str) -> sa.Engine:
+    """An engine for ``url``; a malformed URL is the user's error (exit 1)."""
+    url = _normalise(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise UserError(f"database URL {url!r} is not a valid SQLAlchemy URL: {e}") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if db and db != ":memory:" and not db.startswith("file:"):
+            try:
+                Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise EnvironmentProblem(
+                    f"cannot create the folder of the SQLite database {db}: {e.strerror}; "
+                    f"set {ENV_VAR} to a writable location"
+                ) from None
+        engine = sa.create_engine(parsed)
+        sa.event.listen(engine, "connect", _on_sqlite_connect)
+        return engine
+    if parsed.get_backend_name() != "postgresql":
+        raise UserError(
+            f"database {parsed.get_backend_name()!r} is not supported: use postgresql:// or sqlite:///"
+        )
+    try:
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    except NoSuchModuleError as e:
+        raise UserError(f"database URL {url!r}: {e}") from None
+
+
+def check_reachable(engine: sa.Engine) -> None:
+    """Connect once; an unreachable database is an EnvironmentProblem naming the remedy."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+    except OperationalError as e:
+        reason = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+        raise EnvironmentProblem(
+            f"database {engine.url.render_as_string(hide_password=True)} is unreachable ({reason}); "
+            f"start it, or point {ENV_VAR} at a reachable PostgreSQL (or unset it for the "
+            "local SQLite file)"
+        ) from None
+
+
+def alembic_config(engine: sa.Engine | None = None) -> Config:
+    """Alembic's configuration, built in code: script location and (optionally) the engine."""
+    if not (MIGRATIONS_DIR / "env.py").exists():
+        raise EnvironmentProblem(
+            f"migrations not found at {MIGRATIONS_DIR}: install orchestrator from a checkout "
+            "of the repository (pip install -e .)"
+        )
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("path_separator", "os")
+    if engine is not None:
+        cfg.attributes["engine"] = engine
+    return cfg
+
+
+def head_revision() -> str:
+    """The single head revision of the migrations (a test checks there is only one)."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise EnvironmentProblem(f"migrations have {len(heads)} heads ({heads}); merge them")
+    return heads[0]
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    """The revision the database is at (None: never migrated)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: sa.Engine, revision: str = "head") -> None:
+    """Migrate the database to ``revision`` (default: head)."""
+    command.upgrade(alembic_config(engine), revision)
+
+
+def downgrade(engine: sa.Engine, revision: str) -> None:
+    """Migrate the database down to ``revision`` ("base": no tables)."""
+    command.downgrade(alembic_config(engine), revision)

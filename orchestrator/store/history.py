@@ -1,0 +1,175 @@
+"""History queries over every experiment ever stored, as pandas DataFrames.
+
+Only valid, finished runs count (a run that failed a guard is never evidence, DESIGN section 9).
+On PostgreSQL the median and quartiles are computed in the database (percentile_cont), so a
+query returns one row per configuration and class however many runs there are; SQLite has no
+percentile aggregate, so there the filtered rows are aggregated by pandas with the same
+(linear-interpolation) definition.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+
+from orchestrator.store.models import Capacity, DeploymentConfig, Experiment, Run
+from orchestrator.store.types import utcnow
+
+CONFIG_COLUMNS = (
+    "label", "model", "gpu", "layout", "gpus", "tp", "kv_cache_dtype", "quantization",
+    "max_num_seqs", "router_policy", "speculative_method", "engine_version",
+)
+STAT_COLUMNS = ("runs", "median", "p25", "p75", "min", "max", "spread", "last_measured")
+BY_CONFIG_COLUMNS = ("config_id", *CONFIG_COLUMNS, "class", *STAT_COLUMNS)
+
+
+def _conditions(
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    layout: str | None = None,
+    service_class: str | None = None,
+    since_days: float | None = None,
+    tp: int | None = None,
+    kv_cache_dtype: str | None = None,
+    quantization: str | None = None,
+    max_num_seqs: int | None = None,
+    router_policy: str | None = None,
+    speculative_method: str | None = None,
+    engine_version: str | None = None,
+    config_id: int | None = None,
+) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses of the filters given; None means no filter on that column."""
+    dc = DeploymentConfig
+    out: list[sa.ColumnElement[bool]] = [Run.valid.is_(True), Run.status == "done"]
+    exact = {
+        dc.model: model, dc.gpu: gpu, dc.layout: layout, dc.tp: tp,
+        dc.kv_cache_dtype: kv_cache_dtype, dc.quantization: quantization,
+        dc.max_num_seqs: max_num_seqs, dc.router_policy: router_policy,
+        dc.speculative_method: speculative_method, dc.engine_version: engine_version,
+        dc.id: config_id, Capacity.class_name: service_class,
+    }
+    out += [col == value for col, value in exact.items() if value is not None]
+    if since_days is not None:
+        out.append(Run.finished_at >= utcnow() - timedelta(days=since_days))
+    return out
+
+
+def _base_from() -> Any:
+    return sa.join(Capacity, Run, Capacity.run_id == Run.id).join(
+        DeploymentConfig, DeploymentConfig.id == Run.config_id
+    )
+
+
+def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
+    """Per configuration and class: runs, median capacity, quartiles, min, max, relative spread
+    ((p75 - p25) / median) and the date last measured. Filters: model, gpu, layout,
+    service_class, since_days, tp, kv_cache_dtype, quantization, max_num_seqs, router_policy,
+    speculative_method, engine_version, config_id."""
+    where = _conditions(**filters)
+    dc = DeploymentConfig
+    if engine.dialect.name == "postgresql":
+        cap = Capacity.capacity
+        stmt = (
+            sa.select(
+                dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
+                Capacity.class_name.label("class"), sa.func.count().label("runs"),
+                sa.func.percentile_cont(0.5).within_group(cap).label("median"),
+                sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
+                sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
+                sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
+                sa.func.max(Run.finished_at).label("last_measured"),
+            )
+            .select_from(_base_from()).where(*where).group_by(dc.id, Capacity.class_name)
+        )
+        with engine.connect() as conn:
+            frame = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
+    else:
+        frame = _aggregate_in_pandas(engine, where)
+    if frame.empty:
+        return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
+    frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
+    frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True])
+    return frame[list(BY_CONFIG_COLUMNS)].reset_index(drop=True)
+
+
+def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnElement[bool]]) -> pd.DataFrame:
+    dc = DeploymentConfig
+    stmt = (
+        sa.select(
+            dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
+            Capacity.class_name.label("class"), Capacity.capacity, Run.finished_at,
+        )
+        .select_from(_base_from()).where(*where)
+    )
+    with engine.connect() as conn:
+        raw = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
+    if raw.empty:
+        return raw
+    keys = ["config_id", "class"]
+    grouped = raw.groupby(keys, sort=False, dropna=False)
+    stats = grouped["capacity"].agg(
+        runs="count", median="median", p25=lambda s: s.quantile(0.25),
+        p75=lambda s: s.quantile(0.75), min="min", max="max",
+    )
+    stats["last_measured"] = grouped["finished_at"].max()
+    first = grouped[list(CONFIG_COLUMNS)].first()
+    return first.join(stats).reset_index()
+
+
+def capacity_per_gpu(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
+    """Per GPU type, model and class: capacity per GPU (median capacity / GPUs of the
+    configuration) of the best configuration, which one it is, and how much evidence there is."""
+    by_config = capacity_by_config(engine, **filters)
+    columns = ["gpu", "model", "class", "configs", "runs", "best_per_gpu", "best_config_id",
+               "best_label", "median_per_gpu", "last_measured"]
+    if by_config.empty:
+        return pd.DataFrame(columns=columns)
+    by_config = by_config.assign(per_gpu=by_config["median"] / by_config["gpus"])
+    rows = []
+    for (gpu, model, cls), group in by_config.groupby(["gpu", "model", "class"], sort=True):
+        best = group.loc[group["per_gpu"].idxmax()]
+        rows.append({
+            "gpu": gpu, "model": model, "class": cls, "configs": len(group),
+            "runs": int(group["runs"].sum()), "best_per_gpu": best["per_gpu"],
+            "best_config_id": int(best["config_id"]), "best_label": best["label"],
+            "median_per_gpu": float(group["per_gpu"].median()),
+            "last_measured": group["last_measured"].max(),
+        })
+    return pd.DataFrame(rows, columns=columns)
+
+
+def best_config(
+    engine: sa.Engine, service_class: str, top: int = 1, per_gpu: bool = False,
+    min_runs: int = 1, **filters: Any,
+) -> pd.DataFrame:
+    """The configurations with the highest median capacity at a class (or per GPU), best first."""
+    frame = capacity_by_config(engine, service_class=service_class, **filters)
+    frame = frame[frame["runs"] >= min_runs]
+    frame = frame.assign(per_gpu=frame["median"] / frame["gpus"])
+    key = "per_gpu" if per_gpu else "median"
+    return frame.sort_values([key, "config_id"], ascending=[False, True]).head(top).reset_index(drop=True)
+
+
+def config_trend(
+    engine: sa.Engine, config_id: int, service_class: str | None = None, since_days: float | None = None
+) -> pd.DataFrame:
+    """A configuration's capacity run by run over time (valid runs only), oldest first."""
+    where = _conditions(config_id=config_id, service_class=service_class, since_days=since_days)
+    stmt = (
+        sa.select(
+            Run.finished_at.label("measured_at"), Run.id.label("run_id"),
+            Experiment.name.label("experiment"), Capacity.class_name.label("class"),
+            Capacity.capacity, Capacity.at_rate, Capacity.attainment, Run.engine_version,
+        )
+        .select_from(_base_from().join(Experiment, Experiment.id == Run.experiment_id))
+        .where(*where)
+        .order_by(Run.finished_at, Run.id, Capacity.class_name)
+    )
+    columns = ["measured_at", "run_id", "experiment", "class", "capacity", "at_rate", "attainment",
+               "engine_version"]
+    with engine.connect() as conn:
+        return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)], columns=columns)

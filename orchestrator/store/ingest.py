@@ -1,0 +1,115 @@
+"""Bulk ingest of request records: PostgreSQL COPY (binary), executemany on SQLite.
+
+A point's records arrive in batches as the load generator produces them; each call appends one
+batch in its own transaction. The primary key (point_id, request_id) makes a repeated record an
+error rather than a silent duplicate, so a retried batch can never inflate a point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from operator import attrgetter
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from orchestrator.errors import PermanentError
+from orchestrator.records import RECORD_FIELDS, RequestRecord
+from orchestrator.store.models import REQUEST_COLUMNS, Request
+
+# COPY ... (FORMAT BINARY) needs the PostgreSQL type of every column, in table order.
+_PG_TYPES = {
+    sa.BigInteger: "int8", sa.Integer: "int4", sa.Double: "float8", sa.String: "varchar", sa.Text: "text",
+}
+SQLITE_BATCH = 5000
+
+
+def _pg_type(column: sa.Column[Any]) -> str:
+    for typ, name in _PG_TYPES.items():
+        if type(column.type) is typ:
+            return name
+    raise TypeError(f"no COPY type for requests.{column.name} ({column.type!r})")
+
+
+COPY_TYPES = [_pg_type(c) for c in Request.__table__.columns]
+COPY_SQL = f"COPY requests ({', '.join(REQUEST_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_fields_of = attrgetter(*RECORD_FIELDS)
+if ("point_id", *RECORD_FIELDS) != REQUEST_COLUMNS:  # a new RequestRecord field needs a migration
+    raise RuntimeError(
+        "requests table columns differ from RequestRecord fields: "
+        f"{REQUEST_COLUMNS} vs ('point_id', *{RECORD_FIELDS})"
+    )
+
+
+class DuplicateRequestRecords(PermanentError):
+    """A batch repeats a request already stored for the point (or names a point that is gone)."""
+
+
+def record_rows(point_id: int, records: Iterable[RequestRecord]) -> Iterator[tuple[Any, ...]]:
+    """(point_id, *RECORD_FIELDS) tuples: the table's column order."""
+    for rec in records:
+        yield (point_id, *_fields_of(rec))
+
+
+def ingest_requests(engine: sa.Engine, point_id: int, records: Iterable[RequestRecord]) -> int:
+    """Append one batch of a point's records; returns how many were stored."""
+    try:
+        if engine.dialect.name == "postgresql":
+            return _copy(engine, record_rows(point_id, records))
+        return _executemany(engine, record_rows(point_id, records))
+    except IntegrityError as e:
+        raise _duplicate(point_id, e) from None
+    except Exception as e:  # psycopg's own errors come straight from COPY, unwrapped
+        if type(e).__name__ in ("UniqueViolation", "ForeignKeyViolation"):
+            raise _duplicate(point_id, e) from None
+        raise
+
+
+def _duplicate(point_id: int, e: Exception) -> DuplicateRequestRecords:
+    first = str(getattr(e, "orig", e)).strip().splitlines()[0]
+    return DuplicateRequestRecords(
+        f"cannot store request records of point {point_id}: {first} "
+        "(each request_id is stored once per point; does the point exist?)"
+    )
+
+
+def _copy(engine: sa.Engine, rows: Iterator[tuple[Any, ...]]) -> int:
+    n = 0
+    with engine.begin() as conn:
+        dbapi = conn.connection.driver_connection
+        with dbapi.cursor() as cur, cur.copy(COPY_SQL) as copy:  # type: ignore[union-attr]
+            copy.set_types(COPY_TYPES)
+            write = copy.write_row
+            for row in rows:
+                write(row)
+                n += 1
+    return n
+
+
+def _executemany(engine: sa.Engine, rows: Iterator[tuple[Any, ...]]) -> int:
+    placeholders = ", ".join("?" for _ in REQUEST_COLUMNS)
+    sql = f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({placeholders})"
+    n = 0
+    with engine.begin() as conn:
+        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            while batch := list(islice(rows, SQLITE_BATCH)):
+                cur.executemany(sql, batch)
+                n += len(batch)
+        except Exception as e:
+            if type(e).__name__ == "IntegrityError":
+                raise IntegrityError(sql, None, e) from None
+            raise
+        finally:
+            cur.close()
+    return n
+
+
+def fetch_requests(engine: sa.Engine, point_id: int) -> list[RequestRecord]:
+    """A point's records, in request_id order, as the load generator produced them."""
+    cols = [Request.__table__.c[f] for f in RECORD_FIELDS]
+    stmt = sa.select(*cols).where(Request.point_id == point_id).order_by(Request.request_id)
+    with engine.connect() as conn:
+        return [RequestRecord(*row) for row in conn.execute(stmt)]

@@ -1,0 +1,264 @@
+"""The schema: SQLAlchemy 2.0 typed models of everything an experiment produces.
+
+The migrations in ``migrations/versions`` create the same tables without importing this module
+(a revision must keep meaning what it meant when it was released); a test checks that the two
+agree. Deleting an experiment removes its runs, points, requests, guard results, capacities,
+metric samples and verdicts (ON DELETE CASCADE): no orphans. Registrations and deployment
+configurations are shared history and are never deleted through an experiment.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from orchestrator.store.types import JSONDoc, UTCDateTime, utcnow
+
+# Stable constraint names, so migrations can refer to them on both databases.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; BIGINT there would never get a value.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+CASCADE = "CASCADE"
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING)
+
+
+class PlanRegistration(Base):
+    """A plan as registered before its first run: canonical JSON and its sha256. Immutable."""
+
+    __tablename__ = "plan_registrations"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    sha256: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    canonical_json: Mapped[str] = mapped_column(sa.Text)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DeploymentConfig(Base):
+    """One row per distinct arm configuration; the columns users filter history by."""
+
+    __tablename__ = "deployment_configs"
+    __table_args__ = (
+        sa.Index("ix_deployment_configs_model_gpu_layout", "model", "gpu", "layout"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    config_sha256: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    label: Mapped[str] = mapped_column(sa.String(300))
+    model: Mapped[str] = mapped_column(sa.String(120))
+    gpu: Mapped[str] = mapped_column(sa.String(40))
+    layout: Mapped[str] = mapped_column(sa.String(20))
+    gpus: Mapped[int] = mapped_column(sa.Integer)
+    tp: Mapped[int] = mapped_column(sa.Integer)
+    replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    prefill_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    prefill_tp: Mapped[int | None] = mapped_column(sa.Integer)
+    decode_replicas: Mapped[int | None] = mapped_column(sa.Integer)
+    decode_tp: Mapped[int | None] = mapped_column(sa.Integer)
+    kv_connector: Mapped[str | None] = mapped_column(sa.String(20))
+    kv_cache_dtype: Mapped[str] = mapped_column(sa.String(10), index=True)
+    quantization: Mapped[str] = mapped_column(sa.String(10))
+    max_num_seqs: Mapped[int] = mapped_column(sa.Integer, index=True)
+    max_num_batched_tokens: Mapped[int] = mapped_column(sa.Integer)
+    prefix_caching: Mapped[bool] = mapped_column(sa.Boolean)
+    router_policy: Mapped[str] = mapped_column(sa.String(30), index=True)
+    speculative_method: Mapped[str | None] = mapped_column(sa.String(20))
+    num_speculative_tokens: Mapped[int | None] = mapped_column(sa.Integer)
+    engine_version: Mapped[str] = mapped_column(sa.String(40), index=True)
+    config: Mapped[Any] = mapped_column(JSONDoc)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Experiment(Base):
+    """One execution of a registered plan."""
+
+    __tablename__ = "experiments"
+    # (id, registration_id) is unique so a verdict can reference both at once: the database
+    # then refuses a verdict judged against any registration but its experiment's.
+    __table_args__ = (sa.UniqueConstraint("id", "registration_id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(200), unique=True)
+    registration_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("plan_registrations.id", ondelete="RESTRICT"), index=True
+    )
+    status: Mapped[str] = mapped_column(sa.String(20), default="queued")
+    controller_id: Mapped[str | None] = mapped_column(sa.String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Run(Base):
+    """One arm deployed once within a block (one attempt), with its environment fingerprint."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        sa.UniqueConstraint("experiment_id", "block", "arm", "attempt"),
+        sa.Index("ix_runs_config_id_valid_finished_at", "config_id", "valid", "finished_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("experiments.id", ondelete=CASCADE), index=True
+    )
+    config_id: Mapped[int] = mapped_column(sa.ForeignKey("deployment_configs.id", ondelete="RESTRICT"))
+    arm: Mapped[str] = mapped_column(sa.String(8))
+    block: Mapped[int] = mapped_column(sa.Integer)
+    position: Mapped[int] = mapped_column(sa.Integer)
+    attempt: Mapped[int] = mapped_column(sa.Integer, default=0)
+    status: Mapped[str] = mapped_column(sa.String(20), default="running")
+    valid: Mapped[bool | None] = mapped_column(sa.Boolean)
+    invalid_reason: Mapped[str | None] = mapped_column(sa.Text)
+    engine_version: Mapped[str | None] = mapped_column(sa.String(40))
+    image_digest: Mapped[str | None] = mapped_column(sa.String(200))
+    gpu_type: Mapped[str | None] = mapped_column(sa.String(40))
+    nodes: Mapped[Any] = mapped_column(JSONDoc, nullable=True)
+    driver: Mapped[str | None] = mapped_column(sa.String(40))
+    fingerprint: Mapped[Any] = mapped_column(JSONDoc, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoadPoint(Base):
+    """One fixed-length load point of a run: offered load, what was achieved, how it was served."""
+
+    __tablename__ = "load_points"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete=CASCADE), index=True)
+    seq: Mapped[int] = mapped_column(sa.Integer)
+    search_class: Mapped[str | None] = mapped_column(sa.String(60))
+    offered_rate: Mapped[float | None] = mapped_column(sa.Double)
+    users: Mapped[int | None] = mapped_column(sa.Integer)
+    window_start_s: Mapped[float] = mapped_column(sa.Double)
+    window_end_s: Mapped[float] = mapped_column(sa.Double)
+    achieved_rate: Mapped[float | None] = mapped_column(sa.Double)
+    throughput_tok_s: Mapped[float | None] = mapped_column(sa.Double)
+    n_scheduled: Mapped[int | None] = mapped_column(sa.Integer)
+    per_class: Mapped[Any] = mapped_column(JSONDoc)
+    percentiles: Mapped[Any] = mapped_column(JSONDoc)
+    valid: Mapped[bool] = mapped_column(sa.Boolean)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Request(Base):
+    """One scheduled request of a point (orchestrator.records.RequestRecord), never dropped."""
+
+    __tablename__ = "requests"
+
+    point_id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.ForeignKey("load_points.id", ondelete=CASCADE), primary_key=True
+    )
+    request_id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    conversation_id: Mapped[int] = mapped_column(sa.Integer)
+    turn: Mapped[int] = mapped_column(sa.Integer)
+    phase: Mapped[str] = mapped_column(sa.String(10))
+    scheduled_s: Mapped[float] = mapped_column(sa.Double)
+    sent_s: Mapped[float | None] = mapped_column(sa.Double)
+    first_token_s: Mapped[float | None] = mapped_column(sa.Double)
+    last_token_s: Mapped[float | None] = mapped_column(sa.Double)
+    prompt_tokens: Mapped[int] = mapped_column(sa.Integer)
+    output_tokens_asked: Mapped[int] = mapped_column(sa.Integer)
+    output_tokens: Mapped[int | None] = mapped_column(sa.Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(sa.Integer)
+    chunks: Mapped[int] = mapped_column(sa.Integer)
+    max_gap_s: Mapped[float | None] = mapped_column(sa.Double)
+    status: Mapped[str] = mapped_column(sa.String(12))
+    http_status: Mapped[int | None] = mapped_column(sa.Integer)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    prompt_hash: Mapped[str] = mapped_column(sa.String(64))
+    output_hash: Mapped[str] = mapped_column(sa.String(64))
+
+
+class GuardResultRow(Base):
+    """A validity guard's judgement of a run (point_id NULL) or of one point."""
+
+    __tablename__ = "guard_results"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete=CASCADE), index=True)
+    point_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("load_points.id", ondelete=CASCADE), index=True
+    )
+    name: Mapped[str] = mapped_column(sa.String(60))
+    passed: Mapped[bool] = mapped_column(sa.Boolean)
+    value: Mapped[float | None] = mapped_column(sa.Double)
+    threshold: Mapped[float | None] = mapped_column(sa.Double)
+    detail: Mapped[str] = mapped_column(sa.Text, default="")
+
+
+class Capacity(Base):
+    """A run's capacity at one service class (DESIGN section 7)."""
+
+    __tablename__ = "capacities"
+    __table_args__ = (sa.UniqueConstraint("run_id", "class_name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete=CASCADE))
+    class_name: Mapped[str] = mapped_column(sa.String(60), index=True)
+    capacity: Mapped[float] = mapped_column(sa.Double)
+    at_rate: Mapped[float | None] = mapped_column(sa.Double)
+    attainment: Mapped[float | None] = mapped_column(sa.Double)
+    points_used: Mapped[int] = mapped_column(sa.Integer)
+
+
+class BarVerdict(Base):
+    """A bar's verdict, always tied to the registration it was judged against."""
+
+    __tablename__ = "bar_verdicts"
+    __table_args__ = (
+        sa.UniqueConstraint("experiment_id", "bar_id"),
+        sa.ForeignKeyConstraint(
+            ["experiment_id", "registration_id"],
+            ["experiments.id", "experiments.registration_id"],
+            ondelete=CASCADE,
+            name="fk_bar_verdicts_experiment_registration",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(sa.BigInteger)
+    registration_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("plan_registrations.id", ondelete="RESTRICT"), index=True
+    )
+    bar_id: Mapped[str] = mapped_column(sa.String(100))
+    verdict: Mapped[str] = mapped_column(sa.String(20))
+    estimate: Mapped[float | None] = mapped_column(sa.Double)
+    lower: Mapped[float | None] = mapped_column(sa.Double)
+    upper: Mapped[float | None] = mapped_column(sa.Double)
+    blocks: Mapped[int] = mapped_column(sa.Integer)
+    judged_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class MetricSample(Base):
+    """One scraped sample of a server metric (`vllm:` series) during a run."""
+
+    __tablename__ = "metric_samples"
+    __table_args__ = (sa.Index("ix_metric_samples_run_id_name", "run_id", "name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete=CASCADE))
+    point_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("load_points.id", ondelete=CASCADE), index=True
+    )
+    t: Mapped[float] = mapped_column(sa.Double)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    labels: Mapped[Any] = mapped_column(JSONDoc)
+    value: Mapped[float] = mapped_column(sa.Double)
+
+
+REQUEST_COLUMNS: tuple[str, ...] = tuple(c.name for c in Request.__table__.columns)
