@@ -34,10 +34,22 @@ def _wrong_plan(p: Path) -> None:
     assert yaml.safe_load(p.read_text()) is not None
 
 
+def _k8s_objects(p: Path) -> None:
+    # Manifest bases and expected rendered manifests: strict Kubernetes schemas, 1.29-1.33.
+    from tests.unit.test_k8s_render import assert_valid_k8s
+
+    docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    assert docs, f"{p}: no Kubernetes object"
+    for doc in docs:
+        assert_valid_k8s(doc, str(p))
+
+
 # (path prefix, validator). First match wins. Extend as kinds of YAML are added.
 KINDS: list[tuple[str, Callable[[Path], None]]] = [
     ("examples/", _plan),
     ("tests/fixtures/plans/", _wrong_plan),
+    ("manifests/", _k8s_objects),
+    ("tests/fixtures/k8s/", _k8s_objects),
 ]
 
 

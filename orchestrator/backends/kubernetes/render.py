@@ -1,0 +1,324 @@
+"""Render one arm of a plan to the Kubernetes objects it runs as (plain dicts, apply order).
+
+Builders over YAML bases (manifests/README.md says why): each base in ``manifests/`` is a
+valid object on its own; the functions here copy it and set what the arm decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.backends.base import RunKey
+from orchestrator.backends.kubernetes import naming
+from orchestrator.errors import EnvironmentProblem
+from orchestrator.plan import Arm, Plan, PoolSpec
+
+Obj = dict[str, Any]
+HTTP_PORT = 8000
+NIXL_PORT = 5600
+ROUTER_METRICS_PORT = 29000
+# vLLM's names of the KV connectors a plan may choose (--kv-transfer-config kv_connector).
+KV_CONNECTORS = {"nixl": "NixlConnector", "lmcache": "LMCacheConnectorV1", "example": "SharedStorageConnector"}
+# vllm-router's --kv-connector accepts these only; the others run without the flag.
+ROUTER_KV_CONNECTORS = {"nixl"}
+
+
+def manifests_dir() -> Path:
+    """Where the YAML bases are: ORCH_MANIFESTS_DIR, else ``manifests/`` of the source tree."""
+    env = os.environ.get("ORCH_MANIFESTS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "manifests"
+
+
+@cache
+def _bases(directory: str) -> dict[tuple[str, str], Obj]:
+    out: dict[tuple[str, str], Obj] = {}
+    for path in sorted(Path(directory).glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            out[(path.stem, doc["kind"])] = doc
+    return out
+
+
+def base(file: str, kind: str) -> Obj:
+    """A deep copy of the base object ``kind`` from ``manifests/<file>.yaml``."""
+    directory = manifests_dir()
+    try:
+        return copy.deepcopy(_bases(str(directory))[(file, kind)])
+    except KeyError:
+        raise EnvironmentProblem(
+            f"manifest base {file}.yaml ({kind}) not found in {directory}: "
+            "set ORCH_MANIFESTS_DIR to the repository's manifests/ folder"
+        ) from None
+
+
+def namespace_of(plan: Plan) -> str:
+    """The namespace an arm's objects go to: the plan's, else one per experiment."""
+    return plan.kubernetes.namespace or naming.experiment_namespace(plan.name)
+
+
+def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = None) -> list[Obj]:
+    """Every object the arm applies, in apply order: [Namespace], owner, router RBAC, pools,
+    their Services, the router and its Service. ``namespace`` overrides the plan's."""
+    arm = plan.arm(arm_name)
+    ns = namespace or namespace_of(plan)
+    labels = naming.run_labels(key)
+    objs: list[Obj] = []
+    if namespace is None and plan.kubernetes.namespace is None:
+        ns_obj = base("namespace", "Namespace")
+        ns_obj["metadata"]["name"] = ns
+        ns_obj["metadata"]["labels"] = {
+            **ns_obj["metadata"]["labels"], naming.EXPERIMENT_LABEL: naming.label_value(plan.name),
+        }
+        objs.append(ns_obj)
+    objs.append(_owner(plan, arm_name, key, ns, labels))
+    objs.extend(_router_rbac(key, ns, labels))
+    for role, pool in arm.pools().items():
+        objs.append(_pool_deployment(plan, arm, role, pool, key, ns, labels))
+        objs.append(_service(key, role, ns, labels, headless=True, nixl=_uses_nixl(arm)))
+    objs.append(_router_deployment(plan, arm_name, key, ns, labels))
+    objs.append(_service(key, "router", ns, labels, headless=False, nixl=False))
+    return objs
+
+
+def owner_reference(owner: Obj) -> Obj:
+    """The ownerReference to the run's owner ConfigMap (needs its uid from the server)."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"], "blockOwnerDeletion": True,
+    }
+
+
+def _meta(name: str, ns: str, labels: dict[str, str], role: str | None) -> Obj:
+    out = {**labels, naming.ROLE_LABEL: role} if role else dict(labels)
+    return {"name": name, "namespace": ns, "labels": out}
+
+
+def _owner(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: dict[str, str]) -> Obj:
+    obj = base("owner", "ConfigMap")
+    obj["metadata"] = _meta(naming.run_name(key), ns, labels, "owner")
+    obj["data"] = {
+        "arm": arm_name,
+        "arm.json": json.dumps(plan.arm(arm_name).model_dump(mode="json"), sort_keys=True),
+        "run": key.slug,
+    }
+    return obj
+
+
+def _router_rbac(key: RunKey, ns: str, labels: dict[str, str]) -> list[Obj]:
+    name = naming.object_name(key, "router")
+    out = []
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        obj = base("router-rbac", kind)
+        obj["metadata"] = _meta(name, ns, labels, "router")
+        out.append(obj)
+    out[2]["roleRef"]["name"] = name
+    out[2]["subjects"][0]["name"] = name
+    return out
+
+
+def _uses_nixl(arm: Arm) -> bool:
+    return arm.layout == "disaggregated" and arm.kv_connector == "nixl"
+
+
+def vllm_args(plan: Plan, arm: Arm, tp: int) -> list[str]:
+    """Arguments of ``vllm serve`` for one worker of ``arm`` (both pools of a P/D arm get the
+    KV transfer config with kv_role kv_both, as vLLM's NIXL examples do)."""
+    e = arm.engine
+    args = [
+        plan.model.hf_id or plan.model.name,
+        "--served-model-name", plan.model.name,
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--tensor-parallel-size", str(tp),
+        "--kv-cache-dtype", e.kv_cache_dtype,
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(e.gpu_memory_utilization),
+        "--enable-prefix-caching" if e.prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if e.max_model_len is not None:
+        args += ["--max-model-len", str(e.max_model_len)]
+    if e.quantization != "none":
+        args += ["--quantization", e.quantization]
+    if e.speculative is not None:
+        spec: dict[str, Any] = {
+            "method": e.speculative.method,
+            "num_speculative_tokens": e.speculative.num_speculative_tokens,
+        }
+        if e.speculative.draft_model:
+            spec["model"] = e.speculative.draft_model
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if arm.layout == "disaggregated" and arm.kv_connector:
+        kv = {"kv_connector": KV_CONNECTORS[arm.kv_connector], "kv_role": "kv_both"}
+        args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    return args + list(e.extra_args)
+
+
+def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
+    k = plan.kubernetes
+    expr = {"key": k.gpu_product_label, "operator": "In", "values": list(k.product_labels(arm.gpu))}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expr]}]
+            }
+        }
+    }
+
+
+def _quantity_times(quantity: str, n: int) -> str:
+    digits = quantity.rstrip("KMGTik")
+    unit = quantity[len(digits):]
+    value = float(digits) * n
+    return f"{int(value) if value.is_integer() else value}{unit}"
+
+
+def _pool_deployment(
+    plan: Plan, arm: Arm, role: str, pool: PoolSpec, key: RunKey, ns: str, labels: dict[str, str]
+) -> Obj:
+    k = plan.kubernetes
+    obj = base("vllm-worker", "Deployment")
+    name = naming.object_name(key, role)
+    obj["metadata"] = _meta(name, ns, {**obj["metadata"]["labels"], **labels}, role)
+    pod_labels = {**obj["spec"]["template"]["metadata"]["labels"], **labels, naming.ROLE_LABEL: role}
+    obj["spec"]["replicas"] = pool.replicas
+    obj["spec"]["selector"] = {"matchLabels": {naming.RUN_LABEL: labels[naming.RUN_LABEL], naming.ROLE_LABEL: role}}
+    tpl = obj["spec"]["template"]
+    tpl["metadata"]["labels"] = pod_labels
+    spec = tpl["spec"]
+    spec["terminationGracePeriodSeconds"] = k.termination_grace_s
+    spec["affinity"] = _gpu_affinity(plan, arm)
+    if k.node_selector:
+        spec["nodeSelector"] = dict(sorted(k.node_selector.items()))
+    if k.tolerations:
+        spec["tolerations"] = [t.model_dump(exclude_defaults=True) or {"operator": "Exists"} for t in k.tolerations]
+    c = spec["containers"][0]
+    c["image"] = f"{k.image_repository}:{arm.engine.version}"
+    c["imagePullPolicy"] = k.image_pull_policy
+    c["args"] = vllm_args(plan, arm, pool.tp)
+    gpus = str(pool.tp)
+    c["resources"] = {
+        "requests": {
+            "cpu": str(k.cpu_per_gpu * pool.tp),
+            "memory": _quantity_times(k.memory_per_gpu, pool.tp),
+            "nvidia.com/gpu": gpus,
+        },
+        "limits": {"nvidia.com/gpu": gpus},
+    }
+    c["startupProbe"]["failureThreshold"] = math.ceil(k.startup_timeout_s / c["startupProbe"]["periodSeconds"])
+    if k.hf_token_secret:
+        c["env"].append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": k.hf_token_secret, "key": "token"}}}
+        )
+    if _uses_nixl(arm):
+        # NIXL's side channel: decode pulls KV from prefill over UCX; each pod advertises its IP.
+        c["env"] += [
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_PORT)},
+            {"name": "UCX_TLS", "value": k.ucx_tls},
+        ]
+        c["ports"].append({"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"})
+    for vol in spec["volumes"]:
+        if vol["name"] == "dshm":
+            vol["emptyDir"]["sizeLimit"] = k.shm_size
+        elif vol["name"] == "model-cache" and k.model_cache_pvc is None:
+            vol.pop("persistentVolumeClaim")
+            vol["emptyDir"] = {}
+        elif vol["name"] == "model-cache":
+            vol["persistentVolumeClaim"]["claimName"] = k.model_cache_pvc
+    return obj
+
+
+def router_args(plan: Plan, arm_name: str, ns: str, labels: dict[str, str]) -> list[str]:
+    """Arguments of ``vllm-router``: the plan's policy over workers it discovers by label, or
+    its P/D mode over the prefill and decode pools."""
+    arm = plan.arm(arm_name)
+    router = plan.router_for(arm_name)
+    run = f"{naming.RUN_LABEL}={labels[naming.RUN_LABEL]}"
+    args = [
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--policy", router.policy,
+        "--service-discovery",
+        "--service-discovery-port", str(HTTP_PORT),
+        "--service-discovery-namespace", ns,
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(ROUTER_METRICS_PORT),
+    ]
+    if router.policy == "cache_aware":
+        args += [
+            "--cache-threshold", str(router.cache_threshold),
+            "--balance-abs-threshold", str(router.balance_abs_threshold),
+        ]
+    if arm.layout == "colocated":
+        return args + ["--selector", run, f"{naming.ROLE_LABEL}=worker"]
+    args += [
+        "--vllm-pd-disaggregation",
+        "--prefill-selector", run, f"{naming.ROLE_LABEL}=prefill",
+        "--decode-selector", run, f"{naming.ROLE_LABEL}=decode",
+    ]
+    if arm.kv_connector in ROUTER_KV_CONNECTORS:
+        args += ["--kv-connector", arm.kv_connector]
+    return args
+
+
+def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: dict[str, str]) -> Obj:
+    k = plan.kubernetes
+    obj = base("router", "Deployment")
+    name = naming.object_name(key, "router")
+    obj["metadata"] = _meta(name, ns, {**obj["metadata"]["labels"], **labels}, "router")
+    obj["spec"]["selector"] = {
+        "matchLabels": {naming.RUN_LABEL: labels[naming.RUN_LABEL], naming.ROLE_LABEL: "router"}
+    }
+    tpl = obj["spec"]["template"]
+    tpl["metadata"]["labels"] = {**tpl["metadata"]["labels"], **labels, naming.ROLE_LABEL: "router"}
+    tpl["spec"]["serviceAccountName"] = name
+    c = tpl["spec"]["containers"][0]
+    c["image"] = k.router_image
+    c["imagePullPolicy"] = k.image_pull_policy
+    c["args"] = router_args(plan, arm_name, ns, labels)
+    return obj
+
+
+def _service(key: RunKey, role: str, ns: str, labels: dict[str, str], headless: bool, nixl: bool) -> Obj:
+    obj = base("service", "Service")
+    obj["metadata"] = _meta(naming.object_name(key, role), ns, {**obj["metadata"]["labels"], **labels}, role)
+    spec = obj["spec"]
+    spec["selector"] = {naming.RUN_LABEL: labels[naming.RUN_LABEL], naming.ROLE_LABEL: role}
+    if headless:
+        spec["clusterIP"] = "None"
+    if nixl:
+        spec["ports"].append({"name": "nixl", "port": NIXL_PORT, "targetPort": "nixl", "protocol": "TCP"})
+    if role == "router":
+        spec["ports"].append(
+            {"name": "metrics", "port": ROUTER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}
+        )
+    return obj
+
+
+def to_yaml(objs: list[Obj]) -> str:
+    """Objects as one multi-document YAML text (stable key order as built)."""
+    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objs)
+
+
+def file_name(index: int, obj: Obj) -> str:
+    """``NN-kind-name.yaml``: apply order first, then what it is."""
+    return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+
+
+def write_objects(objs: list[Obj], out: Path) -> list[Path]:
+    """Write each object to its own file under ``out`` (created); returns the paths in order."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, obj in enumerate(objs, start=1):
+        path = out / file_name(i, obj)
+        path.write_text(yaml.safe_dump(obj, sort_keys=False, width=1000))
+        paths.append(path)
+    return paths

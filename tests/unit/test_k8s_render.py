@@ -1,0 +1,195 @@
+"""Rendered manifests: strictly valid Kubernetes objects, what the arm asks for, and unchanged.
+
+Expected-output files live in tests/fixtures/k8s/. After an intended change, regenerate them with
+``ORCH_REGENERATE=1 .venv/bin/python -m pytest tests/unit/test_k8s_render.py``: that run rewrites
+the files and still fails, so a stale file never passes silently; review the diff, rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from orchestrator.backends.base import RunKey
+from orchestrator.backends.kubernetes import naming
+from orchestrator.backends.kubernetes.render import render_arm, router_args, to_yaml
+from orchestrator.cli.main import main
+from orchestrator.plan import load_plan_file, validate_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+FIXTURES = ROOT / "tests" / "fixtures" / "k8s"
+# Every minor release in this range must accept every object (strict: unknown fields fail).
+K8S_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0")
+DISAGG = ROOT / "examples" / "disagg-vs-colocated-h200.yaml"
+
+
+def assert_valid_k8s(obj: dict[str, Any], where: str = "") -> None:
+    """Fail unless ``obj`` validates strictly against the schemas of every version in range."""
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"{where} {obj.get('kind')}/{obj.get('metadata', {}).get('name')} "
+                        f"invalid for Kubernetes {version} at {path}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            pytest.fail(f"{where}: {e.message}")
+
+
+def _render(path: Path, arm: str) -> list[dict[str, Any]]:
+    plan = load_plan_file(path)
+    return render_arm(plan, arm, RunKey(plan.name, arm, 0))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("arm", ["A", "B"])
+def test_every_object_of_every_example_arm_validates_strictly(path: Path, arm: str) -> None:
+    for obj in _render(path, arm):
+        assert_valid_k8s(obj, f"{path.name} arm {arm}:")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("arm", ["A", "B"])
+def test_rendered_manifests_match_the_expected_files(path: Path, arm: str) -> None:
+    text = to_yaml(_render(path, arm))
+    expected = FIXTURES / f"{path.stem}-{arm}.yaml"
+    if os.environ.get("ORCH_REGENERATE") == "1":
+        expected.parent.mkdir(parents=True, exist_ok=True)
+        expected.write_text(text)
+        pytest.fail(f"regenerated {expected.relative_to(ROOT)}; review the diff and rerun without ORCH_REGENERATE")
+    assert expected.exists(), f"missing {expected}; run with ORCH_REGENERATE=1 to create it"
+    assert text == expected.read_text(), (
+        f"{path.name} arm {arm} renders differently from {expected.relative_to(ROOT)}; "
+        "if intended, regenerate with ORCH_REGENERATE=1"
+    )
+
+
+def _by_role(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["labels"][naming.ROLE_LABEL]: o for o in objs if o["kind"] == kind}
+
+
+def test_disaggregated_arm_selects_h200_requests_tp_gpus_and_carries_nixl_on_both_pools() -> None:
+    plan = load_plan_file(DISAGG)
+    data = plan.model_dump(mode="json", by_alias=True)
+    data["arms"]["B"]["prefill"] = {"replicas": 2, "tp": 2}
+    data["arms"]["B"]["decode"] = {"replicas": 1, "tp": 4}
+    plan = validate_plan(data)
+    deployments = _by_role(render_arm(plan, "B", RunKey(plan.name, "B", 0)), "Deployment")
+    assert set(deployments) == {"prefill", "decode", "router"}
+    for role, tp in (("prefill", 2), ("decode", 4)):
+        pod = deployments[role]["spec"]["template"]["spec"]
+        term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        expr = term["nodeSelectorTerms"][0]["matchExpressions"][0]
+        assert expr == {"key": "nvidia.com/gpu.product", "operator": "In",
+                        "values": ["NVIDIA-H200", "NVIDIA-H200-141GB-HBM3e"]}
+        c = pod["containers"][0]
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == str(tp)
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == str(tp)
+        args = c["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == str(tp)
+        kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        env = {e["name"]: e for e in c["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert {"name": "nixl", "containerPort": 5600, "protocol": "TCP"} in c["ports"]
+        assert c["image"] == "vllm/vllm-openai:v0.11.0"
+    router = deployments["router"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--vllm-pd-disaggregation" in router
+    assert router[router.index("--prefill-selector") + 2] == "orchestrator/role=prefill"
+    assert router[router.index("--decode-selector") + 2] == "orchestrator/role=decode"
+    assert router[router.index("--policy") + 1] == "cache_aware"
+
+
+def test_colocated_arm_has_no_nixl_and_router_discovers_its_workers() -> None:
+    plan = load_plan_file(DISAGG)
+    objs = render_arm(plan, "A", RunKey(plan.name, "A", 0))
+    deployments = _by_role(objs, "Deployment")
+    assert set(deployments) == {"worker", "router"}
+    worker = deployments["worker"]
+    assert worker["spec"]["replicas"] == 4
+    c = worker["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-transfer-config" not in c["args"]
+    assert all(e["name"] != "VLLM_NIXL_SIDE_CHANNEL_HOST" for e in c["env"])
+    labels = naming.run_labels(RunKey(plan.name, "A", 0))
+    args = router_args(plan, "A", "ns1", labels)
+    assert args[args.index("--selector") + 1:] == [
+        f"orchestrator/run={labels['orchestrator/run']}", "orchestrator/role=worker"
+    ]
+
+
+def test_every_object_is_labelled_and_namespaced_and_cluster_settings_apply() -> None:
+    plan = load_plan_file(DISAGG)
+    data = plan.model_dump(mode="json", by_alias=True)
+    data["kubernetes"] = {
+        "namespace": "llm-bench",
+        "gpu_products": {"H200": ["H200-custom"]},
+        "model_cache_pvc": None,
+        "shm_size": "20Gi",
+        "node_selector": {"pool": "gpu"},
+    }
+    plan = validate_plan(data)
+    key = RunKey(plan.name, "B", 3, attempt=1)
+    objs = render_arm(plan, "B", key)
+    assert all(o["kind"] != "Namespace" for o in objs), "a given namespace is not created"
+    for o in objs:
+        meta = o["metadata"]
+        assert meta["namespace"] == "llm-bench"
+        for k in ("orchestrator/experiment", "orchestrator/run", "orchestrator/arm", "orchestrator/role"):
+            assert k in meta["labels"], (o["kind"], k)
+        assert meta["labels"]["orchestrator/block"] == "3"
+        assert_valid_k8s(o)
+    pod = _by_role(objs, "Deployment")["decode"]["spec"]["template"]["spec"]
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert expr["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["H200-custom"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "20Gi"}
+
+
+def test_names_stay_valid_for_long_or_odd_experiment_names() -> None:
+    key = RunKey("9_Very.Long_experiment_name_" + "x" * 80, "B", 12, 3)
+    for role in ("worker", "prefill", "decode", "router"):
+        name = naming.object_name(key, role)
+        assert len(name) <= 63 and name[0].isalpha() and name.replace("-", "").isalnum(), name
+    for v in naming.run_labels(key).values():
+        assert len(v) <= 63 and v[0].isalnum() and v[-1].isalnum(), v
+    other = RunKey("9_Very.Long_experiment_name_" + "x" * 81, "B", 12, 3)
+    assert naming.run_name(key) != naming.run_name(other), "cut names stay distinct"
+
+
+def test_bad_cluster_settings_are_plan_errors_with_their_path() -> None:
+    data = yaml.safe_load(DISAGG.read_text())
+    data["kubernetes"] = {"shm_size": "lots", "gpu_products": {"B300": ["x"]}, "namespce": "x"}
+    from orchestrator.errors import PlanError
+
+    with pytest.raises(PlanError) as err:
+        validate_plan(data)
+    text = "\n".join(err.value.problems)
+    assert "kubernetes.namespce: unknown field" in text
+    assert "kubernetes.gpu_products" in text and "B300" in text
+
+
+def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["k8s", "render", str(DISAGG), "--arm", "B", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    files = [Path(f) for f in doc["files"]]
+    assert [f.name for f in files] == sorted(f.name for f in tmp_path.iterdir())
+    kinds = [yaml.safe_load(f.read_text())["kind"] for f in files]
+    assert kinds.count("Deployment") == 3 and "Namespace" in kinds
+    for f in files:
+        assert_valid_k8s(yaml.safe_load(f.read_text()), f.name)
+
+
+def test_cli_render_unknown_arm_is_one_line_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["k8s", "render", str(DISAGG), "--arm", "C", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["--arm: no arm 'C' in " + str(DISAGG) + "; arms are A, B"]
