@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
+from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Design
 
 
@@ -24,13 +23,7 @@ def block_order(design: Design, arms: tuple[str, str] = ("A", "B")) -> list[tupl
     return out
 
 
-def derive_seed(base: int, *parts: object) -> int:
-    """A 63-bit seed from the plan's seed and a path of names (block, rate, ...): a different
-    block gets a different seed, and both arms of a block get the same one (paired schedules)."""
-    text = ":".join([str(base), *(str(p) for p in parts)])
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
-
-
 def point_seed(base: int, block: int, rate: float) -> int:
-    """Seed of one load point: same block and rate -> same schedule and prompts for both arms."""
+    """Seed of one load point: a different block gets a different seed, and both arms of a
+    block at the same rate get the same schedule and prompts (paired comparison)."""
     return derive_seed(base, "point", block, f"{rate:.6g}")

@@ -1,0 +1,297 @@
+"""The experiment executor: register, then for each block the arms in the registered order:
+deploy, wait ready, capacity search per class, guards, store, tear down; then judge the bars.
+
+Resumable: everything is in the store as it happens. Started again on the same plan, it marks
+runs an earlier process left half-done as aborted (their records are kept), cleans up what
+that process left running, and continues at the first (block, arm) without a valid run. It
+never runs an edited plan under an old registration.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.analysis.guards import GuardResult, back_to_back
+from orchestrator.analysis.search import CapacitySearch
+from orchestrator.backends.base import Backend, Deployment, RunKey
+from orchestrator.control.design import block_order
+from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunner
+from orchestrator.control.progress import PlainProgress, ProgressSink
+from orchestrator.control.verdicts import BACK_TO_BACK, BarOutcome, gate_exit_code, judge_experiment
+from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
+from orchestrator.plan import Plan, plan_hash
+
+
+class RunInvalid(Exception):
+    """A run that may not be counted; the message is stored as its reason."""
+
+
+@dataclass
+class ExecutorConfig:
+    state_dir: Path
+    ready_deadline_s: float = 180.0
+    max_blocks: int | None = None  # run only this many blocks now (a later run resumes)
+    generator_ceiling: float | None = None  # requests/s one process sustains (calibration)
+    priors: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> class -> rate
+
+
+@dataclass
+class RunSummary:
+    run_id: int
+    block: int
+    arm: str
+    attempt: int
+    valid: bool
+    reason: str | None
+    capacities: dict[str, float]
+    points: int
+
+
+@dataclass
+class ExperimentOutcome:
+    experiment_id: int
+    experiment_name: str
+    registration_id: int
+    sha256: str
+    runs: list[RunSummary]
+    bars: list[BarOutcome]
+    complete: bool  # every block has a valid run of each arm
+    resumed: bool
+
+    @property
+    def gate_code(self) -> int:
+        return gate_exit_code(self.bars, not self.complete)
+
+
+class Executor:
+    """Runs one plan to its verdicts on one backend, storing everything as it goes."""
+
+    def __init__(self, store, backend: Backend, config: ExecutorConfig, progress: ProgressSink | None = None,
+                 session: str | None = None):
+        self.store = store
+        self.backend = backend
+        self.config = config
+        self.progress = progress or PlainProgress()
+        self.session = session or f"{socket.gethostname()}:{os.getpid()}"
+
+    # -- experiment lifecycle -----------------------------------------------------------------
+    def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[object, int, bool]:
+        """Register the plan; resume its unfinished experiment or create one. Refuses an edited
+        plan whose unfinished experiment runs under an older registration."""
+        reg = self.store.register_plan(plan)
+        if not new:
+            for exp in self.store.list_experiments():
+                if exp.status not in ("queued", "running"):
+                    continue
+                other = self.store.get_registration(exp.registration_id)
+                if other.name != plan.name or (name and exp.name != name):
+                    continue
+                if other.sha256 != reg.sha256:
+                    raise UserError(
+                        f"experiment {exp.name} of plan {plan.name} is unfinished under registration "
+                        f"{other.sha256[:12]}, but this file hashes to {reg.sha256[:12]}: the plan was "
+                        "edited after registration. Registered plans never change; rename the edited "
+                        "plan, or pass --new to start a separate experiment"
+                    )
+                return reg, exp.id, True
+        exp_id = self.store.create_experiment(reg.id, name, controller_id=self.session)
+        return reg, exp_id, False
+
+    def run(self, plan: Plan, new: bool = False, name: str | None = None,
+            experiment_id: int | None = None) -> ExperimentOutcome:
+        if experiment_id is None:
+            reg, exp_id, resumed = self.prepare(plan, new, name)
+        else:
+            exp_id, resumed = experiment_id, True
+            reg = self.store.get_registration(self.store.get_experiment(exp_id).registration_id)
+            if reg.sha256 != plan_hash(plan):
+                raise UserError(f"experiment {exp_id} was registered with a different plan")
+        exp = self.store.get_experiment(exp_id)
+        self.store.set_experiment_status(exp_id, "running", controller_id=self.session)
+        self._recover(exp_id, exp.name)
+        if resumed:
+            self.progress.note(f"resuming experiment {exp.name} (id {exp_id})")
+        else:
+            self.progress.note(f"experiment {exp.name} (id {exp_id}), plan sha256 {reg.sha256[:16]}")
+        order = block_order(plan.design)
+        if self.config.max_blocks is not None:
+            order = order[: self.config.max_blocks]
+        self.progress.blocks(len(order))
+        summaries: list[RunSummary] = []
+        config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
+        try:
+            for block, arms in order:
+                for position, arm in enumerate(arms):
+                    s = self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
+                    if s is not None:
+                        summaries.append(s)
+                self._judge_block(plan, exp_id, block)
+                self.progress.block_done()
+        except BaseException:
+            self.store.set_experiment_status(exp_id, "running")  # resumable; status stays open
+            raise
+        bars = judge_experiment(self.store, exp_id, plan)
+        for o in bars:
+            j = o.judgement
+            self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
+                                      _finite(j.lower), _finite(j.upper), j.n)
+        complete = self._complete(exp_id, order)
+        finished_all = self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
+        if finished_all:
+            self.store.set_experiment_status(exp_id, "done")
+        return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, summaries, bars, complete, resumed)
+
+    def _recover(self, exp_id: int, exp_name: str) -> None:
+        """Runs left 'running' by a process that died are aborted (records kept); its processes
+        are stopped."""
+        stale = [r for r in self.store.runs(exp_id) if r.status == "running"]
+        for r in stale:
+            self.store.finish_run(r.id, "aborted", False, "interrupted: the controller stopped mid-run",
+                                  r.fingerprint or {})
+        removed = self.backend.cleanup(exp_name)
+        if stale or removed:
+            self.progress.note(f"recovered: {len(stale)} interrupted run(s) aborted, {removed} leftover process(es) stopped")
+
+    def _complete(self, exp_id: int, order: list[tuple[int, list[str]]]) -> bool:
+        done = {(r.block, r.arm) for r in self.store.runs(exp_id) if r.status == "done" and r.valid}
+        return all((b, a) in done for b, arms in order for a in arms)
+
+    # -- one (block, arm) ---------------------------------------------------------------------
+    def _ensure_run(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
+                    arm: str, config_id: int) -> RunSummary | None:
+        """Run (block, arm) until valid or out of retries; None if it was already done."""
+        prior = [r for r in self.store.runs(exp_id) if r.block == block and r.arm == arm]
+        if any(r.status == "done" and r.valid for r in prior):
+            return None
+        failures = sum(1 for r in prior if r.status == "failed")
+        attempt = 1 + max((r.attempt for r in prior), default=-1)
+        last: RunSummary | None = None
+        while failures <= plan.design.max_retries:
+            last = self._run_once(plan, exp_id, exp_name, block, position, arm, attempt, config_id)
+            if last.valid:
+                return last
+            failures += 1
+            attempt += 1
+        if last is not None:
+            self.progress.note(f"block {block} arm {arm}: no valid run after {failures} attempt(s); "
+                               "the block is left out of every verdict")
+        return last
+
+    def _run_once(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
+                  arm: str, attempt: int, config_id: int) -> RunSummary:
+        self.progress.run_started(block, arm, attempt)
+        run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
+        key = RunKey(exp_name, arm, block, attempt)
+        dep: Deployment | None = None
+        caps: dict[str, float] = {}
+        points: dict[float, PointOutcome] = {}
+        fingerprint: dict = {"session": self.session}
+        try:
+            dep = self.backend.deploy(plan, arm, key)
+            fingerprint.update(dep.fingerprint)
+            fingerprint["generator_ceiling_rps"] = self.config.generator_ceiling
+            self.backend.ready(dep, self.config.ready_deadline_s)
+            fingerprint["ready_at"] = time.time()
+            runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
+                                 self.config.generator_ceiling)
+            caps = self._search(plan, arm, block, run_id, dep, runner, points)
+            for bar in plan.bars:
+                if bar.rate is not None and not _near(points, bar.rate):
+                    self._point(plan, arm, block, run_id, dep, runner, points, bar.rate, None)
+            fingerprint["finished_at"] = time.time()
+            self.store.finish_run(run_id, "done", True, None, fingerprint)
+            line = ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
+            self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({len(points)} points)")
+            return RunSummary(run_id, block, arm, attempt, True, None, caps, len(points))
+        except (RunInvalid, TransientError, PermanentError) as e:
+            reason = str(e) if isinstance(e, RunInvalid) else f"{type(e).__name__}: {e}"
+            self.store.finish_run(run_id, "failed", False, reason, fingerprint)
+            self.progress.run_done(f"block {block} arm {arm}: INVALID ({reason}); will retry if allowed")
+            return RunSummary(run_id, block, arm, attempt, False, reason, caps, len(points))
+        finally:
+            if dep is not None:
+                self.backend.teardown(dep)
+
+    def _search(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
+                runner: PointRunner, points: dict[float, PointOutcome]) -> dict[str, float]:
+        s = plan.search
+        caps: dict[str, float] = {}
+        for cls in plan.classes:
+            prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
+            search = CapacitySearch(s.rate.min, s.rate.max, s.precision, s.attainment, s.max_points,
+                                    prior=prior)
+            for rate, p in points.items():
+                search.observe(rate, *p.class_values(cls.name))
+            while (rate := search.next_rate()) is not None:
+                p = self._point(plan, arm, block, run_id, dep, runner, points, rate, cls.name)
+                search.observe(rate, *p.class_values(cls.name))
+            res = search.result()
+            self.store.record_capacity(run_id, cls.name, res.capacity, res.at_rate, res.attainment,
+                                       res.points_used)
+            caps[cls.name] = res.capacity
+        return caps
+
+    def _point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
+               runner: PointRunner, points: dict[float, PointOutcome], rate: float,
+               cls: str | None) -> PointOutcome:
+        ceiling = self.config.generator_ceiling
+        if ceiling is not None and rate > ceiling:
+            raise RunInvalid(f"offered load {rate:.3g} req/s is above the generator's calibrated "
+                             f"ceiling {ceiling:.3g} req/s: use Ray shards (orch submit) or lower search.rate.max")
+        self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
+                                    plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
+        p = runner.measure(dep, run_id, arm, block, len(points), rate, cls)
+        points[rate] = p
+        att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
+        self.progress.point_done(f"{rate:.3g} req/s: attainment {att}" + ("" if p.valid else "  [guard failed]"))
+        self._check_server(dep, p)
+        if not p.valid:
+            failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
+            raise RunInvalid(f"guard failed at {rate:.3g} req/s: {failed}")
+        return p
+
+    def _check_server(self, dep: Deployment, p: PointOutcome) -> None:
+        alive: Callable[[Deployment], bool] | None = getattr(self.backend, "alive", None)
+        if alive is not None and not alive(dep):
+            raise RunInvalid("a server process of the arm died during the point")
+        errors = sum(1 for r in p.records if r.status in ERROR_STATUSES)
+        if errors:
+            try:
+                self.backend.ready(dep, 10.0)
+            except OrchestratorError as e:
+                raise RunInvalid(f"lost the server during the point ({errors} failed requests): {e}") from e
+
+    # -- block-level guard --------------------------------------------------------------------
+    def _judge_block(self, plan: Plan, exp_id: int, block: int) -> None:
+        runs = [r for r in self.store.runs(exp_id) if r.block == block and r.status == "done" and r.valid]
+        by_arm = {r.arm: r for r in runs}
+        if set(by_arm) != {"A", "B"}:
+            return
+        if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
+            return  # judged before (a resumed experiment)
+        result: GuardResult = back_to_back(
+            [(r.arm, r.fingerprint or {}, r.started_at, r.finished_at) for r in by_arm.values()],
+            window_h=plan.design.window_h,
+        )
+        for r in by_arm.values():
+            self.store.record_guards(r.id, None, [result])
+        if not result.passed:
+            self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
+
+
+def _near(points: dict[float, PointOutcome], rate: float) -> bool:
+    return any(abs(r - rate) <= 1e-6 * max(1.0, rate) for r in points)
+
+
+def _finite(x: float) -> float | None:
+    return x if isinstance(x, float | int) and math.isfinite(x) else None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"

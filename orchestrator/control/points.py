@@ -1,0 +1,169 @@
+"""One load point against a deployed arm: schedule, send, stream records to the store,
+measure, guard. The executor decides which rates; this measures one."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.analysis.guards import GuardResult, run_guards
+from orchestrator.analysis.metrics import PointMetrics, point_metrics
+from orchestrator.backends.base import Backend, Deployment
+from orchestrator.control.design import point_seed
+from orchestrator.control.spool import SpoolingSink
+from orchestrator.loadgen.runner import run_point
+from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
+from orchestrator.loadgen.scrape import Sample, parse_metrics
+from orchestrator.loadgen.workloads import (
+    build_requests,
+    expected_prefix_hit_rate,
+    ideal_prefix_hit_rate,
+)
+from orchestrator.plan import Plan
+from orchestrator.records import RequestRecord
+
+ERROR_STATUSES = ("http_error", "disconnect", "timeout")
+
+
+@dataclass
+class PointOutcome:
+    """What one point measured and whether it may be counted."""
+
+    point_id: int
+    rate: float
+    metrics: PointMetrics
+    guards: list[GuardResult]
+    server_hit_rate: float | None
+    records: list[RequestRecord] = field(repr=False, default_factory=list)
+    stored: int = 0
+    spooled: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return all(g.passed for g in self.guards)
+
+    @property
+    def failed_guards(self) -> list[GuardResult]:
+        return [g for g in self.guards if not g.passed]
+
+    def class_values(self, name: str) -> tuple[float, float]:
+        """(attainment, goodput tokens/s) of a class at this point."""
+        c = self.metrics.per_class[name]
+        return c.attainment, c.goodput_tok_s
+
+
+def counter_total(samples: Sequence[Sample], name: str) -> float:
+    """Sum of a counter over every label set and source (``name`` or ``name_total``)."""
+    return sum(s.value for s in samples if s.name in (name, f"{name}_total"))
+
+
+def scrape_samples(backend: Backend, dep: Deployment) -> list[Sample]:
+    out: list[Sample] = []
+    for text in backend.scrape(dep).values():
+        try:
+            out.extend(parse_metrics(text))
+        except ValueError:
+            continue
+    return out
+
+
+def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) -> float | None:
+    """Prefix-cache hits / queries over the point, from vLLM's counters (None if not exported)."""
+    q = counter_total(after, "vllm:prefix_cache_queries") - counter_total(before, "vllm:prefix_cache_queries")
+    h = counter_total(after, "vllm:prefix_cache_hits") - counter_total(before, "vllm:prefix_cache_hits")
+    if q <= 0:
+        return None
+    return h / q
+
+
+def drain_seconds(plan: Plan) -> float:
+    """How long to wait for in-flight requests after the last send: past this, a request has
+    missed every class anyway (TTFT limit + TPOT limit per token), with margin."""
+    worst = max(c.ttft_ms / 1e3 + c.tpot_ms / 1e3 * plan.workload.output_tokens for c in plan.classes)
+    return min(60.0, 1.5 * worst + 1.0)
+
+
+class PointRunner:
+    """Measures load points of one run and stores everything as it goes."""
+
+    def __init__(self, store, backend: Backend, plan: Plan, spool_dir: Path, generator_ceiling: float | None):
+        self.store = store
+        self.backend = backend
+        self.plan = plan
+        self.spool_dir = spool_dir
+        self.ceiling = generator_ceiling
+
+    def workers(self, arm: str) -> int:
+        pools = self.plan.arm(arm).pools()
+        return sum(p.replicas for role, p in pools.items() if role != "decode")
+
+    def measure(
+        self, dep: Deployment, run_id: int, arm: str, block: int, seq: int, rate: float,
+        search_class: str | None,
+    ) -> PointOutcome:
+        plan, s = self.plan, self.plan.search
+        seed = point_seed(plan.design.seed, block, rate)
+        duration = s.warmup_s + s.point_s + s.cooldown_s
+        assert plan.workload.arrival is not None
+        offsets = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
+        requests = build_requests(plan.workload, len(offsets), seed)
+        phases = point_phases(offsets, s.warmup_s, s.point_s)
+        started = time.time()
+        point_id = self.store.record_point(
+            run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
+            offered_rate=rate, n_scheduled=len(requests), valid=False, search_class=search_class,
+        )
+        sink = SpoolingSink(self.store, point_id, self.spool_dir)
+        before = scrape_samples(self.backend, dep)
+        summary = asyncio.run(run_point(
+            dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
+            api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
+            deadline_s=duration + drain_seconds(plan), keep_records=True,
+        ))
+        after = scrape_samples(self.backend, dep)
+        records = summary.records or []
+        metrics = point_metrics(records, plan.classes)
+        hit = server_prefix_hit_rate(before, after)
+        policy = plan.router_for(arm).policy
+        context = {
+            "offered_rate": rate,
+            "generator_ceiling": self.ceiling,
+            "expected_prefix_hit_rate": expected_prefix_hit_rate(requests, self.workers(arm), policy),
+            "ideal_prefix_hit_rate": ideal_prefix_hit_rate(requests),
+            "server_prefix_hit_rate": hit,
+            "shared_prefix_tokens": requests[0].shared_prefix_tokens if requests else 0,
+            "scheduled": len(requests),
+        }
+        guards = run_guards(records, plan.guards, **context)
+        flushed = sink.flush()
+        self.store.finish_point(
+            point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
+            per_class={k: _plain(v) for k, v in metrics.per_class.items()},
+            percentiles=_plain(metrics.percentiles), valid=all(g.passed for g in guards),
+            extra={"server_prefix_hit_rate": hit, "send_lag_p99_s": summary.send_lag_p99_s,
+                   "started_at": started, "spooled": not flushed},
+        )
+        self.store.record_guards(run_id, point_id, guards)
+        samples = [(time.time(), x.name, x.labels, x.value) for x in after if x.name.startswith("vllm:")]
+        self.store.record_metric_samples(run_id, point_id, samples)
+        return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed)
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready: dataclasses to dicts, inf/nan to None."""
+    if hasattr(obj, "to_dict"):
+        return _plain(obj.to_dict())
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

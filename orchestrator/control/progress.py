@@ -1,0 +1,94 @@
+"""Progress of an experiment for people: a bar per block and point on a TTY, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class ProgressSink(Protocol):
+    def blocks(self, total: int) -> None: ...
+    def run_started(self, block: int, arm: str, attempt: int) -> None: ...
+    def point_started(self, label: str, seconds: float) -> None: ...
+    def point_done(self, line: str) -> None: ...
+    def run_done(self, line: str) -> None: ...
+    def block_done(self) -> None: ...
+    def note(self, line: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class PlainProgress:
+    """One line per event, for logs and pipes (stderr, so --json stdout stays clean)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+
+    def _say(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def blocks(self, total: int) -> None:
+        self._say(f"{total} block(s) to run")
+
+    def run_started(self, block: int, arm: str, attempt: int) -> None:
+        self._say(f"block {block} arm {arm}" + (f" (attempt {attempt + 1})" if attempt else "") + ": deploying")
+
+    def point_started(self, label: str, seconds: float) -> None:
+        self._say(f"  point {label} ({seconds:.0f}s)")
+
+    def point_done(self, line: str) -> None:
+        self._say(f"    {line}")
+
+    def run_done(self, line: str) -> None:
+        self._say(f"  {line}")
+
+    def block_done(self) -> None:
+        pass
+
+    def note(self, line: str) -> None:
+        self._say(line)
+
+    def close(self) -> None:
+        pass
+
+
+class RichProgress(PlainProgress):
+    """Bars for blocks and the current point; event lines printed above them."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True)
+        super().__init__(sys.stderr)
+        self.bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=self.console, transient=True,
+        )
+        self.bar.start()
+        self.block_task = None
+        self.point_task = None
+
+    def _say(self, line: str) -> None:
+        self.bar.console.print(line, highlight=False, markup=False)
+
+    def blocks(self, total: int) -> None:
+        self.block_task = self.bar.add_task("blocks", total=total)
+
+    def point_started(self, label: str, seconds: float) -> None:
+        super().point_started(label, seconds)
+        if self.point_task is not None:
+            self.bar.remove_task(self.point_task)
+        self.point_task = self.bar.add_task(f"point {label}", total=None)
+
+    def block_done(self) -> None:
+        if self.block_task is not None:
+            self.bar.advance(self.block_task)
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+def progress_for_terminal() -> ProgressSink:
+    """Rich bars when stderr is a terminal, plain lines otherwise."""
+    return RichProgress() if sys.stderr.isatty() else PlainProgress()

@@ -1,0 +1,109 @@
+"""Everything `orch run` needs around the executor: where state lives, which backend, the
+generator's calibrated ceiling (cached), the simulator's priors, and one call to run a plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from platformdirs import user_data_dir
+
+from orchestrator import __version__
+from orchestrator.backends.base import Backend
+from orchestrator.control.executor import Executor, ExecutorConfig, ExperimentOutcome
+from orchestrator.control.progress import ProgressSink, progress_for_terminal
+from orchestrator.errors import EnvironmentProblem, UserError
+from orchestrator.plan import Plan
+
+CALIBRATION_MAX_AGE_S = 24 * 3600
+
+
+def state_dir() -> Path:
+    """Run state (process files, logs, spool): ORCH_STATE_DIR or the user's data directory."""
+    path = Path(os.environ.get("ORCH_STATE_DIR") or Path(user_data_dir("orchestrator")) / "state")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make_backend(name: str, root: Path, progress: ProgressSink | None = None) -> Backend:
+    """The backend a plan (or --backend) names."""
+    say = progress.note if progress else print
+    if name == "sim":
+        from orchestrator.backends.sim import SimBackend
+
+        return SimBackend(root / "sim", log=say)
+    if name == "local":
+        try:
+            from orchestrator.backends.local import LocalBackend
+        except ImportError as e:  # pragma: no cover - depends on the optional vLLM set-up
+            raise EnvironmentProblem(f"the local backend cannot load: {e}") from e
+        return LocalBackend(root / "local")  # type: ignore[call-arg]
+    if name == "kubernetes":
+        try:
+            from orchestrator.backends.kubernetes import KubernetesBackend
+        except ImportError as e:  # pragma: no cover
+            raise EnvironmentProblem(f"the kubernetes backend cannot load: {e}") from e
+        return KubernetesBackend.from_environment()  # type: ignore[attr-defined]
+    raise UserError(f"unknown backend {name!r}: sim, local or kubernetes")
+
+
+def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
+    """Requests/s one generator process sustains with p99 send lag < 1 ms for this reply length,
+    measured against a null server and cached for a day (ORCH_SKIP_CALIBRATION=1 skips it)."""
+    if os.environ.get("ORCH_SKIP_CALIBRATION") == "1":
+        return None
+    out = plan.workload.output_tokens
+    path = root / f"calibration-{__version__}-{os.cpu_count()}-{out}-{plan.workload.api}.json"
+    if not refresh and path.exists():
+        try:
+            doc = json.loads(path.read_text())
+            if time.time() - doc["at"] < CALIBRATION_MAX_AGE_S:
+                return float(doc["ceiling_rate"])
+        except (ValueError, KeyError):
+            pass
+    from orchestrator.loadgen.calibrate import calibrate
+
+    cal = calibrate(output_tokens=out, api=plan.workload.api, step_s=2.0, min_requests=100,
+                    bisections=2)
+    path.write_text(json.dumps({"at": time.time(), **cal.to_dict()}, default=str))
+    return cal.ceiling_rate or None
+
+
+def simulator_priors(plan: Plan) -> dict[str, dict[str, float]]:
+    """Predicted capacity rate per arm and class from the virtual-time engine (or none)."""
+    try:
+        from orchestrator.control.dryrun import predicted_capacity_rates
+    except ImportError:
+        return {}
+    try:
+        return predicted_capacity_rates(plan)
+    except Exception:  # a prior is an optimisation: never fail a run for it  # noqa: BLE001
+        return {}
+
+
+def run_plan(
+    plan: Plan,
+    store,
+    backend: str | None = None,
+    blocks: int | None = None,
+    new: bool = False,
+    name: str | None = None,
+    progress: ProgressSink | None = None,
+    backend_obj: Backend | None = None,
+) -> ExperimentOutcome:
+    """Run (or resume) a plan to its verdicts in this process."""
+    progress = progress or progress_for_terminal()
+    root = state_dir()
+    try:
+        chosen = backend or plan.backend
+        be = backend_obj or make_backend(chosen, root, progress)
+        ceiling = generator_ceiling(plan, root)
+        if ceiling is not None:
+            progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
+        priors = simulator_priors(plan) if plan.search.use_prior and chosen == "sim" else {}
+        config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors)
+        return Executor(store, be, config, progress).run(plan, new=new, name=name)
+    finally:
+        progress.close()
