@@ -1,0 +1,261 @@
+"""KubernetesBackend: deploy an arm with server-side apply, wait for it, scrape it, tear it down.
+
+One run's objects are labelled with experiment, run, arm and role and owned by one ConfigMap,
+so teardown is one delete on a real cluster (the garbage collector takes the dependents); the
+backend also deletes each object it applied, and ``cleanup`` finds leftovers of a crashed
+attempt by label, so neither depends on the garbage collector.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.kubernetes import naming
+from orchestrator.backends.kubernetes.api import KubeApi, in_cluster, load_api_client
+from orchestrator.backends.kubernetes.diagnose import no_matching_node, pod_state, warning_events
+from orchestrator.backends.kubernetes.render import (
+    HTTP_PORT,
+    ROUTER_METRICS_PORT,
+    owner_reference,
+    render_arm,
+)
+from orchestrator.errors import PermanentError, TransientError
+from orchestrator.plan import Plan, plan_hash
+
+# GPU Feature Discovery labels read for the environment fingerprint.
+DRIVER_LABELS = ("nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver.major")
+# Node pool labels of the common managed clusters (GKE, EKS, AKS, Karpenter, OpenShift).
+NODE_POOL_LABELS = (
+    "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup", "kubernetes.azure.com/agentpool",
+    "karpenter.sh/nodepool", "node.kubernetes.io/instance-type",
+)
+# Kinds a run creates in its namespace, deleted in this order by cleanup (router first).
+RUN_KINDS = ("Deployment", "Service", "RoleBinding", "Role", "ServiceAccount", "ConfigMap")
+PLAN_HASH_ANNOTATION = "orchestrator/plan-sha256"
+
+
+class KubernetesBackend:
+    """The Backend protocol on a Kubernetes cluster (see orchestrator/backends/base.py)."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api: KubeApi | None = None,
+        namespace: str | None = None,
+        endpoint_url: str | None = None,
+        poll_s: float = 2.0,
+        probe: Callable[[Endpoint, float], None] | None = None,
+    ):
+        """``namespace`` overrides the plan's (the chart sets ORCH_K8S_NAMESPACE to its own);
+        ``endpoint_url`` reaches the router at a fixed URL (an ingress, or a port-forward run
+        by hand; ORCH_K8S_ENDPOINT) instead of the Service or a port-forward of our own."""
+        self._api = api
+        self.namespace = namespace or os.environ.get("ORCH_K8S_NAMESPACE") or None
+        self.endpoint_url = endpoint_url or os.environ.get("ORCH_K8S_ENDPOINT") or None
+        self.poll_s = poll_s
+        self.probe = probe or probe_completion
+        self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
+        self._forwards: dict[str, Any] = {}  # run name -> PortForward
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = KubeApi(load_api_client())
+        return self._api
+
+    # -- deploy ---------------------------------------------------------------------------
+
+    def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
+        objs = render_arm(plan, arm, key, namespace=self.namespace)
+        if objs[0]["kind"] == "Namespace":
+            ns_obj = objs.pop(0)
+            if self.api.get("Namespace", ns_obj["metadata"]["name"]) is None:
+                self.api.apply(ns_obj)
+        owner, rest = objs[0], objs[1:]
+        ns = owner["metadata"]["namespace"]
+        self._namespaces.setdefault(key.experiment, set()).add(ns)
+        owner["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: plan_hash(plan)}
+        applied = self.api.apply(owner)
+        refs = [owner_reference(applied)] if (applied.get("metadata") or {}).get("uid") else []
+        for obj in rest:
+            if refs:
+                obj["metadata"]["ownerReferences"] = refs
+            self.api.apply(obj)
+        arm_spec = plan.arm(arm)
+        router_svc = naming.object_name(key, "router")
+        url = self.endpoint_url or (f"http://{router_svc}.{ns}.svc:{HTTP_PORT}" if self._use_service(plan) else "")
+        return Deployment(
+            key=key,
+            endpoint=Endpoint(url=url, model=plan.model.name),
+            fingerprint={"backend": self.name, "engine_version": arm_spec.engine.version,
+                         "gpu_type": arm_spec.gpu, "namespace": ns},
+            handles={
+                "namespace": ns,
+                "run": naming.run_name(key),
+                "run_selector": f"{naming.RUN_LABEL}={naming.run_labels(key)[naming.RUN_LABEL]}",
+                "objects": [(o["kind"], o["metadata"]["name"]) for o in objs],
+                "expected_pods": sum(p.replicas for p in arm_spec.pools().values()) + 1,
+                "gpu_label": plan.kubernetes.gpu_product_label,
+                "gpu_values": list(plan.kubernetes.product_labels(arm_spec.gpu)),
+            },
+        )
+
+    def _use_service(self, plan: Plan) -> bool:
+        access = plan.kubernetes.access
+        return access == "service" or (access == "auto" and in_cluster())
+
+    # -- ready ----------------------------------------------------------------------------
+
+    def ready(self, deployment: Deployment, deadline_s: float) -> None:
+        """Wait for every pod to be Ready, then for the router to serve a test completion.
+
+        Raises PermanentError at once for what waiting cannot fix (crash loop, image pull
+        failure, no node with the GPU type) and TransientError at the deadline, naming each
+        pod's phase, why the pending ones wait (e.g. Insufficient nvidia.com/gpu) and recent
+        warning events."""
+        h = deployment.handles
+        deadline = time.monotonic() + deadline_s
+        while True:
+            pods = self.api.list("Pod", h["namespace"], labels=h["run_selector"])
+            states = [pod_state(p) for p in pods]
+            for s in states:
+                if s.fatal_reason:
+                    raise PermanentError(f"{s.line()}; see `kubectl -n {h['namespace']} logs {s.name}`")
+            for s in states:
+                if no_matching_node(s) and not self._gpu_nodes_exist(h):
+                    raise PermanentError(
+                        f"{s.line()}; no node has {h['gpu_label']} in {h['gpu_values']}: "
+                        "check the GPU type, or set kubernetes.gpu_products to this cluster's values"
+                    )
+            if len(states) >= h["expected_pods"] and all(s.ready for s in states):
+                break
+            if time.monotonic() >= deadline:
+                raise TransientError(self._not_ready_message(deployment, states, deadline_s))
+            time.sleep(self.poll_s)
+        self._record_fingerprint(deployment, pods)
+        self._ensure_endpoint(deployment, pods)
+        self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
+
+    def _gpu_nodes_exist(self, h: dict[str, Any]) -> bool:
+        values = ",".join(h["gpu_values"])
+        return bool(self.api.list("Node", labels=f"{h['gpu_label']} in ({values})"))
+
+    def _not_ready_message(self, deployment: Deployment, states: list[Any], deadline_s: float) -> str:
+        h = deployment.handles
+        events = warning_events(self.api.list("Event", h["namespace"]), {s.name for s in states})
+        lines = [s.line() for s in states if not s.ready] or ["no pods yet"]
+        msg = (f"{h['run']}: {sum(s.ready for s in states)}/{h['expected_pods']} pods ready after "
+               f"{deadline_s:.0f}s; " + "; ".join(lines))
+        return msg + (f"; events: {' | '.join(events)}" if events else "")
+
+    def _record_fingerprint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
+        images: dict[str, str] = {}
+        nodes: set[str] = set()
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                nodes.add(node)
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                if cs.get("imageID"):
+                    images[cs.get("image", cs.get("name", "?"))] = cs["imageID"]
+        products, drivers, pools = set(), set(), set()
+        gpu_label = deployment.handles["gpu_label"]
+        for name in sorted(nodes):
+            labels = ((self.api.get("Node", name) or {}).get("metadata") or {}).get("labels") or {}
+            if gpu_label in labels:
+                products.add(labels[gpu_label])
+            drivers.update(labels[k] for k in DRIVER_LABELS[:1] if k in labels)
+            if not any(k in labels for k in DRIVER_LABELS[:1]) and DRIVER_LABELS[1] in labels:
+                drivers.add(labels[DRIVER_LABELS[1]])
+            pools.update(f"{k}={labels[k]}" for k in NODE_POOL_LABELS if k in labels)
+        deployment.fingerprint.update({
+            "nodes": sorted(nodes), "images": dict(sorted(images.items())),
+            "gpu_products": sorted(products), "driver_versions": sorted(drivers),
+            "node_pools": sorted(pools),
+        })
+
+    def _ensure_endpoint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
+        ep = deployment.endpoint
+        workers = [p for p in pods if pod_state(p).role != "router"]
+        metrics = tuple(
+            f"http://{(p.get('status') or {}).get('podIP')}:{HTTP_PORT}/metrics" for p in workers
+        )
+        url = ep.url
+        if not url:  # outside the cluster with no fixed URL: forward a local port to the router
+            from orchestrator.backends.kubernetes.portforward import PortForward
+
+            router = next(p for p in pods if pod_state(p).role == "router")
+            pf = PortForward(self.api.api_client, deployment.handles["namespace"],
+                             router["metadata"]["name"], HTTP_PORT)
+            self._forwards[deployment.handles["run"]] = pf
+            url = pf.url
+        deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics)
+
+    # -- scrape ---------------------------------------------------------------------------
+
+    def scrape(self, deployment: Deployment) -> dict[str, str]:
+        """Prometheus text of every worker (port 8000) and the router (29000), fetched through
+        the API server's pod proxy so it works from inside and outside the cluster."""
+        h = deployment.handles
+        out: dict[str, str] = {}
+        for pod in self.api.list("Pod", h["namespace"], labels=h["run_selector"]):
+            state = pod_state(pod)
+            if not state.ready:
+                continue
+            port = ROUTER_METRICS_PORT if state.role == "router" else HTTP_PORT
+            ip = (pod.get("status") or {}).get("podIP")
+            out[f"http://{ip}:{port}/metrics"] = self.api.proxy_get(h["namespace"], state.name, port, "/metrics")
+        return out
+
+    # -- teardown and cleanup -------------------------------------------------------------
+
+    def teardown(self, deployment: Deployment) -> None:
+        """Delete the owner (dependents follow) and every object applied; idempotent."""
+        h = deployment.handles
+        pf = self._forwards.pop(h["run"], None)
+        if pf is not None:
+            pf.close()
+        for kind, name in reversed(h["objects"]):
+            if kind != "Namespace":
+                self.api.delete(kind, name, h["namespace"])
+
+    def cleanup(self, experiment: str) -> int:
+        """Delete every object labelled with ``experiment`` in the namespaces it may use."""
+        namespaces = set(self._namespaces.get(experiment, set()))
+        namespaces.add(self.namespace or naming.experiment_namespace(experiment))
+        selector = f"{naming.EXPERIMENT_LABEL}={naming.label_value(experiment.lower())}"
+        removed = 0
+        for ns in sorted(namespaces):
+            for kind in RUN_KINDS:
+                for obj in self.api.list(kind, ns, labels=selector):
+                    removed += self.api.delete(kind, obj["metadata"]["name"], ns)
+        return removed
+
+
+def probe_completion(endpoint: Endpoint, deadline_s: float) -> None:
+    """Until ``deadline_s``: /health answers and a 4-token completion returns exactly 4 tokens."""
+    deadline = time.monotonic() + deadline_s
+    last = "no answer"
+    with httpx.Client(timeout=10.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                if http.get(f"{endpoint.url}/health").status_code == 200:
+                    r = http.post(f"{endpoint.url}/v1/completions", json={
+                        "model": endpoint.model, "prompt": "ready check", "max_tokens": 4,
+                        "ignore_eos": True, "temperature": 0,
+                    })
+                    got = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
+                    if got == 4:
+                        return
+                    last = f"completion returned HTTP {r.status_code}, {got} tokens"
+            except (httpx.HTTPError, ValueError) as e:
+                last = str(e) or type(e).__name__
+            time.sleep(0.5)
+    raise TransientError(f"router at {endpoint.url} did not serve a test completion: {last}")
