@@ -259,8 +259,10 @@ class Worker:
             need = seq.prompt_tokens - cached
         else:
             need = seq.prompt_tokens + seq.generated - cached
-        # With nothing running, nothing will free memory: admit anyway rather than deadlock
-        # (a prompt larger than the whole cache; vLLM would reject it at the API).
+        # Like vLLM v1, no watermark: a prompt is admitted when it fits now, and output growth
+        # that no longer fits preempts the newest sequence (the thrash that makes an open loop
+        # past capacity yield less than a closed loop). With nothing running, nothing will free
+        # memory: admit anyway rather than deadlock.
         if need + BLOCK_TOKENS > mem.free_tokens() and (self.running or self.transferring):
             return False
         self.waiting.popleft()
@@ -335,20 +337,28 @@ class Worker:
         self.requests_done += 1
 
     def _make_room(self) -> None:
-        """Preempt the newest sequences while this step's output growth would not fit."""
+        """Preempt the newest running sequences while this step's output growth does not fit.
+
+        As vLLM's recompute preemption: the victim (last admitted, decoding or still
+        prefilling) loses its KV and goes back to the head of the queue; tokens it already
+        streamed stay streamed, and its prompt plus output is recomputed on readmission.
+        """
         growth = len(self.decoding) * math.ceil(self.e)
-        while self.decoding and self.memory.free_tokens() < growth:
-            victim = max(self.decoding.values(), key=lambda s: s.admit_no)
-            done_step = self.step_no - 1
-            # tokens it already streamed are kept; its emission bookkeeping closes here
-            n_steps = done_step - victim.dec_start + 1
-            if n_steps > 0:
-                gaps = self.durations[victim.dec_start : done_step + 1]
-                if gaps:
+        while (self.decoding or self.prefilling) and self.memory.free_tokens() < growth:
+            victim = max(
+                (*self.decoding.values(), *self.prefilling), key=lambda s: s.admit_no
+            )
+            if victim.state == DECODE:
+                done_step = self.step_no - 1
+                n_steps = done_step - victim.dec_start + 1
+                if n_steps > 0:
+                    gaps = self.durations[victim.dec_start : done_step + 1]
                     victim.max_gap_s = max(victim.max_gap_s, max(gaps))
-                victim.chunks += n_steps
-                victim.last_token_s = self.ends[done_step]
-            self._leave_decode(victim, done_step)
+                    victim.chunks += n_steps
+                    victim.last_token_s = self.ends[done_step]
+                self._leave_decode(victim, done_step)
+            else:
+                self.prefilling.remove(victim)
             self.memory.release(victim.hashes[: victim.shared_blocks], victim.private)
             victim.state = WAITING
             victim.preemptions += 1
