@@ -44,12 +44,20 @@ def _k8s_objects(p: Path) -> None:
         assert_valid_k8s(doc, str(p))
 
 
+def _helm_chart(p: Path) -> None:
+    # Chart.yaml, values.yaml and templates: the chart lints strictly, renders, objects validate.
+    from tests.unit.test_k8s_chart import check_chart
+
+    check_chart()
+
+
 # (path prefix, validator). First match wins. Extend as kinds of YAML are added.
 KINDS: list[tuple[str, Callable[[Path], None]]] = [
     ("examples/", _plan),
     ("tests/fixtures/plans/", _wrong_plan),
     ("manifests/", _k8s_objects),
     ("tests/fixtures/k8s/", _k8s_objects),
+    ("helm/orchestrator/", _helm_chart),
 ]
 
 
