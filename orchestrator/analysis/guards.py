@@ -1,0 +1,246 @@
+"""Validity guards (DESIGN section 9): each judges one load point (or a block) and returns a
+GuardResult; a run is valid only if every guard passes. Thresholds come from the plan's
+``GuardThresholds``. Pure: numpy only."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.analysis.metrics import measured, miss_cause, window_of
+from orchestrator.plan.catalog import ServiceClass
+from orchestrator.plan.experiment import GuardThresholds
+from orchestrator.records import RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class GuardResult:
+    """One guard's judgement: ``value`` measured against ``threshold`` (None: not measurable)."""
+
+    name: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class PointContext:
+    """What the guards of one point need beyond its records."""
+
+    n_scheduled: int  # requests the schedule put in the measurement window
+    window_s: float | None = None  # measurement window length (default: from the records)
+    expected_prefix_hit_rate: float | None = None  # the workload's ideal upper bound
+    server_prefix_hit_rate: float | None = None  # reported by the server (/metrics)
+    generator_ceiling_rate: float | None = None  # calibrated highest rate the generator holds
+    offered_rate: float | None = None  # the point's offered rate (default: from the records)
+    shared_prefix_tokens: int = 0
+    service_class: ServiceClass | None = None  # class judged by the steady-state guard
+    attainment_threshold: float = 0.90
+
+
+def generator_lag(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
+    """p99 of (actual - scheduled) send time; an unsent request counts as infinitely late."""
+    recs = measured(records)
+    lags = np.array([r.send_lag_s if r.send_lag_s is not None else math.inf for r in recs])
+    p99 = float(np.percentile(lags, 99, method="inverted_cdf")) * 1000 if lags.size else 0.0
+    bound = th.max_send_lag_p99_ms
+    return GuardResult("generator_lag", p99 <= bound, p99, bound,
+                       f"p99 send lag {p99:.2f} ms (bound {bound} ms) over {lags.size} requests")
+
+
+def generator_rate(records: Sequence[RequestRecord], th: GuardThresholds,
+                   window_s: float | None = None) -> GuardResult:
+    """Shortfall of requests sent by the window's end (+ the lag bound) vs those scheduled."""
+    recs = measured(records)
+    if not recs:
+        return GuardResult("generator_rate", True, 0.0, th.max_rate_shortfall, "no requests")
+    w = window_s or window_of(recs)
+    start = min(r.scheduled_s for r in recs)
+    deadline = start + w + th.max_send_lag_p99_ms / 1000
+    sent = sum(1 for r in recs if r.sent_s is not None and r.sent_s <= deadline)
+    shortfall = 1 - sent / len(recs)
+    return GuardResult("generator_rate", shortfall <= th.max_rate_shortfall, shortfall,
+                       th.max_rate_shortfall,
+                       f"{sent} of {len(recs)} scheduled requests sent within the window")
+
+
+def generator_ceiling(offered_rate: float, ceiling: float | None) -> GuardResult:
+    """Offered load must not exceed the generator's calibrated ceiling."""
+    if ceiling is None:
+        return GuardResult("generator_ceiling", True, offered_rate, None, "generator not calibrated")
+    return GuardResult("generator_ceiling", offered_rate <= ceiling, offered_rate, ceiling,
+                       f"offered {offered_rate:.3g} req/s vs calibrated ceiling {ceiling:.3g} req/s")
+
+
+def repeated_prompts(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
+    """Prompts must be unique beyond the shared prefix: duplicates of ``prompt_hash``."""
+    hashes = [r.prompt_hash for r in measured(records) if r.prompt_hash]
+    dup = len(hashes) - len(set(hashes))
+    return GuardResult("repeated_prompts", dup <= th.max_duplicate_prompts, float(dup),
+                       float(th.max_duplicate_prompts),
+                       f"{dup} repeated prompts among {len(hashes)} (beyond the shared prefix)")
+
+
+def prefix_hit_rate(records: Sequence[RequestRecord], th: GuardThresholds,
+                    expected: float | None, server: float | None) -> GuardResult:
+    """The server's prefix-cache hit rate must not exceed what the workload allows (ideal
+    expectation + tolerance): more means repeated content is flattering the server. Uses the
+    server's figure, else the records' cached tokens; unmeasurable passes with a note."""
+    if server is None:
+        recs = [r for r in measured(records) if r.cached_tokens is not None and r.prompt_tokens]
+        if recs:
+            server = sum(r.cached_tokens or 0 for r in recs) / sum(r.prompt_tokens for r in recs)
+    if server is None or expected is None:
+        return GuardResult("prefix_hit_rate", True, server, None,
+                           "hit rate or expectation unknown; not checked")
+    bound = expected + th.prefix_hit_tolerance
+    return GuardResult("prefix_hit_rate", server <= bound, server, bound,
+                       f"server prefix hit rate {server:.3f} vs ideal {expected:.3f} "
+                       f"+ tolerance {th.prefix_hit_tolerance}")
+
+
+def output_limit(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
+    """Every finished request must return exactly the tokens it asked for."""
+    fin = [r for r in measured(records) if r.finished]
+    wrong = sum(1 for r in fin if r.output_tokens != r.output_tokens_asked)
+    share = wrong / len(fin) if fin else 0.0
+    return GuardResult("output_limit", share <= th.max_wrong_output_share, share,
+                       th.max_wrong_output_share,
+                       f"{wrong} of {len(fin)} finished requests returned a wrong token count")
+
+
+def censored_tails(records: Sequence[RequestRecord], n_scheduled: int) -> GuardResult:
+    """Every scheduled request is accounted for by a record (failed and unfinished included)."""
+    n = len(measured(records))
+    missing = n_scheduled - n
+    return GuardResult("censored_tails", missing == 0, float(missing), 0.0,
+                       f"{n} records for {n_scheduled} scheduled requests")
+
+
+def frozen_randomness(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
+    """Sampled outputs must differ: share of finished requests with the most common output."""
+    hashes = [r.output_hash for r in measured(records) if r.finished and r.output_hash]
+    if len(hashes) < 2:
+        return GuardResult("frozen_randomness", True, None, th.max_identical_output_share,
+                           "fewer than 2 outputs with a hash; not checked")
+    top = Counter(hashes).most_common(1)[0][1]
+    share = top / len(hashes)
+    return GuardResult("frozen_randomness", share <= th.max_identical_output_share, share,
+                       th.max_identical_output_share,
+                       f"{top} of {len(hashes)} outputs identical")
+
+
+def stalls(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
+    """Share of requests with an inter-token gap beyond the stall bound."""
+    recs = [r for r in measured(records) if r.max_gap_s is not None]
+    bound_s = th.stall_gap_ms / 1000
+    stalled = sum(1 for r in recs if (r.max_gap_s or 0.0) > bound_s)
+    share = stalled / len(recs) if recs else 0.0
+    return GuardResult("stalls", share <= th.max_stall_share, share, th.max_stall_share,
+                       f"{stalled} of {len(recs)} requests had a gap over {th.stall_gap_ms} ms")
+
+
+def steady_state(records: Sequence[RequestRecord], th: GuardThresholds, cls: ServiceClass,
+                 window_s: float | None = None, attainment_threshold: float = 0.90) -> GuardResult:
+    """Attainment (absolute) and throughput (relative) of the first and last thirds agree.
+
+    A point that degrades toward its end and fails the class there is overloaded (the queue
+    grows in an open loop): a valid *failing* observation, passed with a note."""
+    recs = measured(records)
+    if len(recs) < 6:
+        return GuardResult("steady_state", True, None, th.steady_state_tolerance, "too few requests")
+    w = window_s or window_of(recs)
+    start = min(r.scheduled_s for r in recs)
+    third = w / 3
+
+    def part(lo: float, hi: float) -> tuple[float, float]:
+        sel = [r for r in recs if lo <= r.scheduled_s - start < hi]
+        if not sel:
+            return 0.0, 0.0
+        att = sum(1 for r in sel if miss_cause(r, cls) is None) / len(sel)
+        tok = sum(r.output_tokens or 0 for r in sel if r.finished) / third
+        return att, tok
+
+    a1, t1 = part(0, third)
+    a3, t3 = part(2 * third, math.inf)
+    d_att = abs(a1 - a3)
+    d_tok = abs(t1 - t3) / max(t1, t3) if max(t1, t3) > 0 else 0.0
+    value = max(d_att, d_tok)
+    ok = value <= th.steady_state_tolerance
+    detail = (f"first vs last third: attainment {a1:.3f} vs {a3:.3f}, "
+              f"throughput {t1:.1f} vs {t3:.1f} tok/s")
+    if not ok and a3 < a1 and a3 < attainment_threshold:
+        return GuardResult("steady_state", True, value, th.steady_state_tolerance,
+                           detail + "; overloaded (degrades as the queue grows), a valid fail")
+    return GuardResult("steady_state", ok, value, th.steady_state_tolerance, detail)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnvironment:
+    """Where and when one arm's run of a block happened (its fingerprint)."""
+
+    arm: str
+    gpu_type: str
+    engine_version: str
+    node_pool: str
+    started_s: float
+    ended_s: float
+    session: str = ""
+
+
+def back_to_back(runs: Sequence[RunEnvironment], window_h: float) -> GuardResult:
+    """The arms of a block ran in one session, on the same GPU type, engine version and node
+    pool, within the registered time window."""
+    problems = []
+    for attr in ("session", "gpu_type", "engine_version", "node_pool"):
+        vals = sorted({getattr(r, attr) for r in runs})
+        if len(vals) > 1:
+            problems.append(f"{attr} differs ({', '.join(vals)})")
+    span_h = (max(r.ended_s for r in runs) - min(r.started_s for r in runs)) / 3600 if runs else 0.0
+    if span_h > window_h:
+        problems.append(f"block spans {span_h:.2f} h, over the {window_h} h window")
+    return GuardResult("back_to_back", not problems, span_h, window_h,
+                       "; ".join(problems) or f"{len(runs)} runs alike, within {span_h:.2f} h")
+
+
+def registration(registered_s: float | None, first_run_s: float, plan_hash: str,
+                 run_plan_hash: str) -> GuardResult:
+    """The plan was registered before the first run and the run used that registration."""
+    problems = []
+    if registered_s is None or registered_s > first_run_s:
+        problems.append("plan not registered before the first run")
+    if plan_hash != run_plan_hash:
+        problems.append("run judged against a different plan hash (edited plan)")
+    return GuardResult("registration", not problems, None, None, "; ".join(problems) or "registered")
+
+
+def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
+               ctx: PointContext) -> list[GuardResult]:
+    """Every point-level guard, in DESIGN order."""
+    recs = measured(records)
+    w = ctx.window_s or window_of(recs)
+    offered = ctx.offered_rate if ctx.offered_rate is not None else ctx.n_scheduled / w
+    out = [
+        generator_lag(records, th),
+        generator_rate(records, th, w),
+        generator_ceiling(offered, ctx.generator_ceiling_rate),
+        repeated_prompts(records, th),
+        prefix_hit_rate(records, th, ctx.expected_prefix_hit_rate, ctx.server_prefix_hit_rate),
+        output_limit(records, th),
+        censored_tails(records, ctx.n_scheduled),
+        frozen_randomness(records, th),
+        stalls(records, th),
+    ]
+    if ctx.service_class is not None:
+        out.append(steady_state(records, th, ctx.service_class, w, ctx.attainment_threshold))
+    return out
+
+
+def all_passed(results: Sequence[GuardResult]) -> bool:
+    """A point (or run) is valid only if every guard passed."""
+    return all(g.passed for g in results)
