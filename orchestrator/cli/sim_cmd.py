@@ -1,0 +1,118 @@
+"""`orch sim serve`: a real-time simulated vLLM worker (or a whole arm) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from orchestrator.cli.apps import sim_app
+from orchestrator.errors import UserError
+from orchestrator.plan import MODELS, EngineConfig, RouterConfig, gpu, load_plan_file
+from orchestrator.sim.engine import ClusterSpec, cluster_for_arm
+from orchestrator.sim.model import WorkerModel
+from orchestrator.sim.server import Faults, ServeConfig, SimServer
+
+
+def _cluster_from_plan(plan_file: Path, arm: str, role: str, whole_arm: bool) -> tuple[ClusterSpec, str, int]:
+    plan = load_plan_file(plan_file)
+    if arm not in plan.arms:
+        raise UserError(f"--arm must be A or B, not {arm!r}")
+    spec = plan.arm(arm)
+    cluster = cluster_for_arm(plan.model, spec, plan.router_for(arm), plan.sim)
+    name = plan.model.hf_id or plan.model.name
+    if whole_arm:
+        return cluster, name, plan.design.seed
+    pools = {"both": cluster.workers, "prefill": cluster.prefill, "decode": cluster.decode}
+    if role == "both" and spec.layout == "disaggregated":
+        raise UserError(f"arm {arm} is disaggregated: give --role prefill or --role decode (or --whole-arm)")
+    if role != "both" and spec.layout == "colocated":
+        raise UserError(f"arm {arm} is colocated: --role {role} applies to disaggregated arms")
+    one = pools[role][:1]
+    return ClusterSpec(workers=one, link_bytes_s=cluster.link_bytes_s,
+                       stall_every_steps=cluster.stall_every_steps, stall_s=cluster.stall_s), name, plan.design.seed
+
+
+@sim_app.command("serve")
+def serve(
+    model: str = typer.Option(None, "--model", help="Catalog model (e.g. qwen3-8b)."),
+    gpu_name: str = typer.Option(None, "--gpu", help="GPU type: H100-PCIe, H100-SXM, H200."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    port: int = typer.Option(8000, "--port", help="Port; 0 picks a free one."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    role: str = typer.Option("both", "--role", help="both | prefill | decode."),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs"),
+    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | fp8."),
+    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching"),
+    served_model_name: str = typer.Option(None, "--served-model-name", help="Default: the model's hf_id."),
+    seed: int = typer.Option(0, "--seed"),
+    plan_file: Path = typer.Option(None, "--plan", help="Configure from a plan's arm instead."),
+    arm: str = typer.Option(None, "--arm", help="A or B (with --plan)."),
+    whole_arm: bool = typer.Option(False, "--whole-arm", help="Serve the whole arm in one process."),
+    fault_ignore_max_tokens: bool = typer.Option(False, "--fault-ignore-max-tokens"),
+    fault_stall_every: int = typer.Option(0, "--fault-stall-every", help="Stall every N steps."),
+    fault_stall_ms: float = typer.Option(0.0, "--fault-stall-ms"),
+    fault_die_after: int = typer.Option(0, "--fault-die-after", help="Exit after N requests."),
+    fault_frozen_output: bool = typer.Option(False, "--fault-frozen-output"),
+) -> None:
+    """Serve a simulated vLLM worker (OpenAI API, /metrics) until SIGTERM or SIGINT."""
+    if role not in ("both", "prefill", "decode"):
+        raise UserError(f"--role must be both, prefill or decode, not {role!r}")
+    if plan_file is not None:
+        if arm is None:
+            raise UserError("--plan needs --arm A or --arm B")
+        cluster, name, plan_seed = _cluster_from_plan(plan_file, arm, role, whole_arm)
+        seed = seed or plan_seed
+    else:
+        if model is None or gpu_name is None:
+            raise UserError("give --model and --gpu (or --plan FILE --arm A)")
+        if model not in MODELS:
+            raise UserError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
+        try:
+            g = gpu(gpu_name)
+        except ValueError as e:
+            raise UserError(str(e)) from e
+        if kv_cache_dtype not in ("auto", "fp8"):
+            raise UserError("--kv-cache-dtype must be auto or fp8")
+        engine = EngineConfig(kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,  # type: ignore[arg-type]
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              prefix_caching=not no_prefix_caching)
+        spec = MODELS[model]
+        cluster = ClusterSpec(workers=(WorkerModel.from_engine(g, spec, tp, engine),),
+                              policy=RouterConfig().policy)
+        name = spec.hf_id or spec.name
+    if fault_stall_every:
+        cluster = ClusterSpec(**{**cluster.__dict__, "stall_every_steps": fault_stall_every,
+                                 "stall_s": fault_stall_ms / 1000.0})
+    faults = Faults(ignore_max_tokens=fault_ignore_max_tokens, stall_every=fault_stall_every,
+                    stall_ms=fault_stall_ms, die_after=fault_die_after, frozen_output=fault_frozen_output)
+    config = ServeConfig(cluster=cluster, served_model_name=served_model_name or name,
+                         role=role, seed=seed, faults=faults)
+    asyncio.run(_serve(config, host, port))
+
+
+async def _serve(config: ServeConfig, host: str, port: int) -> None:
+    from aiohttp import web
+
+    server = SimServer(config)
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sys.stderr.write(f"ready on http://{host}:{bound}\n")
+    sys.stderr.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()

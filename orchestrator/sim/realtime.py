@@ -1,0 +1,153 @@
+"""Real-time driver of simulated workers: the same ``Worker`` steps, paced by the event loop.
+
+Each worker runs one asyncio task: schedule a step, sleep until its end on an absolute
+timeline (no drift), apply it, hand each request its tokens. Tokens therefore leave at the
+times the performance model gives (within the loop's timer resolution).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestrator.sim.engine import ClusterSpec, Router, Sequence, Worker, block_hashes
+
+# Beyond this lateness the timeline restarts from now instead of trying to catch up.
+MAX_CATCH_UP_S = 0.050
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request in flight: the server reads emissions from ``queue``."""
+
+    seq: Sequence
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # (tokens, time) | None at the end
+    worker: Worker | None = None
+
+
+class RealtimeWorker:
+    """One simulated worker stepping in real time."""
+
+    def __init__(self, worker: Worker, on_step: Callable[[Worker, float], None] | None = None):
+        self.worker = worker
+        self.on_step = on_step
+        self.pending: dict[int, Pending] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, p: Pending) -> None:
+        p.worker = self.worker
+        self.pending[p.seq.key] = p
+        self.worker.submit(p.seq)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        w = self.worker
+        t = loop.time()
+        while True:
+            now = loop.time()
+            if now - t > MAX_CATCH_UP_S or not w.has_step_work():
+                t = now
+            dur = w.begin_step(t)
+            if dur is None:
+                wake = w.next_wakeup()
+                self._wake.clear()
+                timeout = None if wake is None else max(0.0, wake - loop.time())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            end = t + dur
+            delay = end - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            res = w.end_step(end)
+            t = end
+            for seq, n in res.decoded:
+                p = self.pending.get(seq.key)
+                if p is not None:
+                    p.queue.put_nowait((n, end))
+            for seq in res.finished:
+                p = self.pending.pop(seq.key, None)
+                if p is not None:
+                    p.queue.put_nowait(None)
+            if self.on_step:
+                self.on_step(w, dur)
+
+
+_keys = itertools.count(1)
+
+
+class SimCluster:
+    """Workers (one, or a whole arm) with a router, serving requests in real time."""
+
+    def __init__(self, cluster: ClusterSpec, role: str = "both", seed: int = 0,
+                 on_step: Callable[[Worker, float], None] | None = None):
+        self.role = role
+        self.disaggregated = cluster.disaggregated
+        kw = dict(link_bytes_s=cluster.link_bytes_s, stall_every_steps=cluster.stall_every_steps,
+                  stall_s=cluster.stall_s, track_emissions=True)
+        rk = dict(cache_threshold=cluster.cache_threshold, balance_abs_threshold=cluster.balance_abs_threshold)
+        if cluster.disaggregated:
+            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step)  # type: ignore[arg-type]
+                          for i, m in enumerate(cluster.prefill)]
+            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step)  # type: ignore[arg-type]
+                         for i, m in enumerate(cluster.decode)]
+        else:
+            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step)  # type: ignore[arg-type]
+                          for i, m in enumerate(cluster.workers)]
+            self.back = []
+        self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]
+        self.router_back = Router(cluster.policy, max(1, len(self.back)), seed=seed + 1, **rk)  # type: ignore[arg-type]
+
+    @property
+    def workers(self) -> list[Worker]:
+        return [rw.worker for rw in (*self.front, *self.back)]
+
+    def start(self) -> None:
+        for rw in (*self.front, *self.back):
+            rw.start()
+
+    async def stop(self) -> None:
+        for rw in (*self.front, *self.back):
+            await rw.stop()
+
+    def new_sequence(self, words: list[str], max_tokens: int, remote: bool) -> Sequence:
+        n = len(words)
+        return Sequence(key=next(_keys), prompt_tokens=max(n, 1), max_tokens=max_tokens,
+                        hashes=block_hashes(words), remote_tokens=n if remote else 0)
+
+    async def generate(self, words: list[str], max_tokens: int, remote: bool = False):
+        """Async iterator of (tokens, time) emissions; the sequence is returned via .seq."""
+        if self.disaggregated:
+            # whole arm, P/D: prefill on the prefill pool, then decode with the KV transfer
+            pre = self.new_sequence(words, 1, False)
+            i = self.router.pick(pre.hashes, pre.prompt_tokens)
+            p = Pending(pre)
+            self.front[i].submit(p)
+            while await p.queue.get() is not None:
+                pass
+            self.router.done(i)
+            seq = self.new_sequence(words, max_tokens, True)
+            seq.cached_tokens = pre.cached_tokens
+            j = self.router_back.pick(seq.hashes, seq.prompt_tokens)
+            target, done = self.back[j], lambda: self.router_back.done(j)
+        else:
+            seq = self.new_sequence(words, max_tokens, remote)
+            j = self.router.pick(seq.hashes, seq.prompt_tokens)
+            target, done = self.front[j], lambda: self.router.done(j)
+        p = Pending(seq)
+        target.submit(p)
+        return p, done
