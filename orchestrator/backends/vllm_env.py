@@ -16,10 +16,11 @@ redone). ``status`` prints where they are and whether they are complete.
 Token scheme: the load generator's prompts are whitespace-separated words, one word meant as
 one token. The tokenizer is trained on the load generator's own vocabulary
 (``orchestrator.loadgen.workloads.VOCAB``) followed by synthetic two-syllable words, each word
-preceded by a space (byte-level BPE's "Ġword" form), so that every such word, after a space,
-is ONE token of the tiny model: a word-built prompt of n words is n tokens (+1 for a first word
-with no space before it is not guaranteed: the prompt's first word may split). The model folder
-records the hash of its word list and is rebuilt when the generator's vocabulary changes.
+preceded by a space (byte-level BPE's "Ġword" form; the pre-tokenizer adds a space before the
+first word too), so every such word is ONE token of the tiny model and no BOS is added: a
+prompt of n generator words is exactly n prompt tokens, as the token scheme says. Chat prompts
+add the template's few tokens. The model folder records the hash of its word list and recipe
+and is rebuilt when the generator's vocabulary changes.
 """
 
 from __future__ import annotations
@@ -71,8 +72,13 @@ def tokenizer_words(n: int = 1500) -> list[str]:
     return words
 
 
+# Bump when the recipe of the tiny model changes, so existing builds are redone.
+MODEL_RECIPE = 2
+
+
 def words_hash(words: list[str]) -> str:
-    return hashlib.sha256("\n".join(words).encode()).hexdigest()[:16]
+    """Key of a tiny-model build: its recipe version and word list."""
+    return hashlib.sha256(f"{MODEL_RECIPE}\n".encode() + "\n".join(words).encode()).hexdigest()[:16]
 
 
 def cache_root() -> Path:
@@ -169,7 +175,8 @@ _MAKE_MODEL = textwrap.dedent(
     out.mkdir(parents=True, exist_ok=True)
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"]
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # add_prefix_space: a prompt's first word tokenizes like every other word ("Ġword").
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, min_frequency=1,
@@ -201,8 +208,10 @@ _MAKE_MODEL = textwrap.dedent(
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    one = sum(1 for w in words if len(fast(" " + w, add_special_tokens=False)["input_ids"]) == 1)
-    print(json.dumps({"vocab": len(fast), "single_token_words": one, "words": len(words)}))
+    one = sum(1 for w in words if len(fast(w)["input_ids"]) == 1)
+    whole = len(fast(" ".join(words))["input_ids"])
+    print(json.dumps({"vocab": len(fast), "single_token_words": one, "words": len(words),
+                      "tokens_of_all_words": whole}))
     '''
 )
 
