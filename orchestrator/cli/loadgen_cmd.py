@@ -20,7 +20,7 @@ def calibrate_cmd(
     client: str = typer.Option("aiohttp", "--client", help="aiohttp or httpx."),
     step_s: float = typer.Option(3.0, "--step-s", min=0.5, help="Seconds per rate step."),
     start_rate: float = typer.Option(25.0, "--start-rate", min=0.1, help="First rate tried (req/s)."),
-    max_lag_ms: float = typer.Option(1.0, "--max-lag-ms", min=0.01, help="p99 send-lag bound."),
+    max_lag_ms: float = typer.Option(1.0, "--max-lag-ms", min=0.0001, help="p99 send-lag bound."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Drive a null server on loopback (started here) and report the highest request rate and
