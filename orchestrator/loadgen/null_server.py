@@ -40,6 +40,7 @@ class NullServerConfig:
     error_every: int = 0  # reply HTTP 500 to every k-th request
     hang_every: int = 0  # send one chunk then nothing (the client must time out or cancel)
     drop_every: int = 0  # send one chunk then close the connection
+    record_arrivals: bool = False  # keep each POST's arrival time; GET /arrivals returns and resets
 
 
 _COMPLETION = (
@@ -78,6 +79,7 @@ class _Counters:
         self.success = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.arrivals: list[float] = []
 
     def metrics(self, model: str) -> bytes:
         lab = f'{{model_name="{model}"}}'
@@ -148,6 +150,9 @@ class _NullProtocol(asyncio.Protocol):
         if method == "GET":
             if path == "/metrics":
                 self._plain("200 OK", "text/plain; version=0.0.4", self.counters.metrics(self.model))
+            elif path == "/arrivals":  # the benchmark's tool-neutral view of the sends
+                doc, self.counters.arrivals = self.counters.arrivals, []
+                self._plain("200 OK", "application/json", json.dumps(doc).encode())
             elif path == "/health":
                 self._plain("200 OK", "text/plain", b"")
             elif path == "/v1/models":
@@ -159,6 +164,8 @@ class _NullProtocol(asyncio.Protocol):
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._plain("404 Not Found", "application/json", b'{"error":"not found"}')
             return
+        if self.cfg.record_arrivals:
+            self.counters.arrivals.append(time.time())
         try:
             req = json.loads(body)
             max_tokens = int(req.get("max_tokens") or 16)
