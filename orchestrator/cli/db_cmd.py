@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from orchestrator.cli.apps import JSON_OPTION, db_app
 from orchestrator.cli.output import emit_json, say
-from orchestrator.store import Store
-from orchestrator.store.database import current_revision, head_revision
 
 
 @db_app.command("upgrade")
 def upgrade(as_json: bool = JSON_OPTION) -> None:
     """Migrate the database (ORCH_DATABASE_URL, else the local SQLite file) to the latest revision."""
+    from orchestrator.store import Store  # heavy (SQLAlchemy, Alembic): only when asked for
+    from orchestrator.store.database import current_revision, head_revision
+
     with Store.open(migrate=False) as store:
         before = current_revision(store.engine)
     with Store.open(migrate=True) as store:

@@ -1,19 +1,24 @@
-"""`orch plan register FILE` and `orch capacity`: write a registration, read history."""
+"""`orch plan register FILE` and `orch capacity`: write a registration, read history.
+
+The store (SQLAlchemy, Alembic, pandas) is imported inside the commands: every `orch` command
+loads this module, and most of them never touch the database.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import typer
 
 from orchestrator.cli.apps import JSON_OPTION, app, plan_app
 from orchestrator.cli.output import emit_json, say
 from orchestrator.errors import UserError
 from orchestrator.plan import canonical_gpu, load_plan_file
-from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @plan_app.command("register")
@@ -22,6 +27,8 @@ def register(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Store a plan before its first run; prints its id and sha256 (the same plan: the same id)."""
+    from orchestrator.store import Store
+
     plan = load_plan_file(file)
     with Store.open() as store:
         reg = store.register_plan(plan)
@@ -36,7 +43,7 @@ def register(
 
 
 def _cell(v: Any) -> Any:
-    if isinstance(v, pd.Timestamp):
+    if hasattr(v, "isoformat"):
         return v.isoformat()
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -72,6 +79,8 @@ def capacity(
         "since_days": since, "kv_cache_dtype": kv_cache_dtype, "max_num_seqs": max_num_seqs,
         "tp": tp, "router_policy": router, "engine_version": engine_version,
     }
+    from orchestrator.store import Store
+
     with Store.open() as store:
         frame = store.capacity_by_config(**filters)
     if as_json:
@@ -86,6 +95,8 @@ def capacity(
 
 def _table(frame: pd.DataFrame) -> str:
     """Fixed-width table: one line per configuration and class, best first within a class."""
+    import pandas as pd
+
     header = ("class", "model", "configuration", "runs", "median tok/s", "p25-p75", "spread", "last measured")
     lines = []
     for r in frame.itertuples(index=False):
