@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from orchestrator.errors import EnvironmentProblem
-from orchestrator.loadgen.runner import PointSummary, Sink, run_point, summarize
+from orchestrator.loadgen.runner import DEFAULT_CLIENT, PointSummary, Sink, run_point, summarize
 from orchestrator.loadgen.schedules import split_shards
 from orchestrator.loadgen.workloads import RequestSpec
 from orchestrator.records import RequestRecord
@@ -108,7 +108,7 @@ def run_point_sharded(
         for a in actors:
             ray.kill(a)
     merged.sort(key=lambda r: r.request_id)
-    summary = summarize(merged, start_at, kwargs.get("client", ""), shards)
+    summary = summarize(merged, start_at, kwargs.get("client", DEFAULT_CLIENT), shards)
     if keep_records:
         summary.records = merged
     return summary

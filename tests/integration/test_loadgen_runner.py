@@ -138,7 +138,7 @@ def test_failed_and_unfinished_requests_are_recorded_with_their_status():
     errs = [r for r in s.records if r.status == "http_error"]
     assert all(r.http_status == 500 and "injected" in r.error for r in errs)
     hung = [r for r in s.records if r.status == "timeout"]
-    assert all(r.chunks == 1 and r.last_token_s is None or r.chunks == 1 for r in hung)
+    assert all(r.chunks == 1 and r.first_token_s is not None for r in hung)  # one chunk, then silence
 
     with NullServerProcess(NullServerConfig(hang_every=3)) as url:
         # the point ends at 0.35 s: hangs in flight are cancelled, later requests never sent
