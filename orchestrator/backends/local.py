@@ -47,7 +47,6 @@ from orchestrator.backends.processes import (
     StateFile,
     free_port,
     start_process,
-    stop_process,
 )
 from orchestrator.backends.vllm_env import TINY_MODEL_ID, VllmEnv
 from orchestrator.errors import PermanentError, TransientError
@@ -117,6 +116,9 @@ class LocalSettings(StrictModel):
     )
     router_startup_s: int = Field(
         default=600, ge=1, description="How long the router waits for its workers to answer."
+    )
+    stop_grace_s: float = Field(
+        default=15.0, gt=0, description="Teardown: seconds between SIGTERM and SIGKILL."
     )
     check_version: bool = Field(
         default=True, description="Refuse an arm whose engine.version differs from the installed vLLM."
@@ -553,7 +555,7 @@ class LocalBackend:
     def teardown(self, deployment: Deployment) -> None:
         procs = deployment.handles.get("procs") or self._state(deployment.key).read()
         for p in reversed(procs):  # router first, then engines
-            _stop_group(p.pid)
+            _stop_group(p.pid, self.settings.stop_grace_s)
         kv_dir = deployment.handles.get("kv_dir")
         if kv_dir:
             shutil.rmtree(kv_dir, ignore_errors=True)
@@ -563,7 +565,7 @@ class LocalBackend:
         removed = 0
         for state_path in (self.state_dir / experiment).glob("*/processes.json"):
             for p in reversed(StateFile(state_path).read()):
-                removed += int(_stop_group(p.pid))
+                removed += int(_stop_group(p.pid, self.settings.stop_grace_s))
             shutil.rmtree(state_path.parent / "kv", ignore_errors=True)
             StateFile(state_path).remove()
         return removed
@@ -593,39 +595,68 @@ def _test_completion(client: httpx.Client, endpoint: Endpoint) -> int:
     return int(r.json()["usage"]["completion_tokens"])
 
 
+# vLLM and vllm-router rename themselves (setproctitle: "VLLM::EngineCore", "vllm::router"),
+# which also overwrites /proc/PID/environ; so ownership is read from the command line, and
+# only of group leaders we started (pgid == pid) and their group.
+OWN_MARKERS = ("vllm::", "vllm.entrypoints", "vllm-router", "vllm_router", "orchestrator")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ours(pid: int) -> bool:
+    cmd = _cmdline(pid).lower()
+    return any(m in cmd for m in OWN_MARKERS)
+
+
 def group_members(pgid: int) -> list[int]:
-    """Pids of our runs (``ORCH_RUN`` in their environment) whose process group is ``pgid``:
-    children an engine spawned (EngineCore, workers) that may outlive their leader."""
+    """Live pids whose process group is ``pgid``: the leader and what it spawned (EngineCore,
+    workers), which may outlive their leader."""
     out: list[int] = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        # fields after the command: state, ppid, pgrp, ...
+        # Fields after the command: state, ppid, pgrp, ...; zombies are already dead.
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            try:
-                environ = (stat.parent / "environ").read_bytes()
-            except OSError:
-                continue
-            if b"ORCH_RUN=" in environ:
-                out.append(int(stat.parent.name))
+            out.append(int(stat.parent.name))
     return out
 
 
-def _stop_group(pid: int, grace_s: float = 15.0) -> bool:
-    """Stop the leader and its group (SIGTERM, then SIGKILL), then any member left behind."""
-    stopped = stop_process(pid, grace_s=grace_s)
-    left = group_members(pid)
-    if left:
+def _stop_group(pgid: int, grace_s: float = 15.0) -> bool:
+    """SIGTERM the process group of a leader we started, SIGKILL what is left after
+    ``grace_s``; True if something was stopped. A group none of whose members is ours (a
+    reused pid) is left alone."""
+    members = group_members(pgid)
+    if not members or not any(_ours(pid) for pid in members):
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_members(pgid):
+        _reap(pgid)
+        time.sleep(0.1)
+    if group_members(pgid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
         for _ in range(100):
-            if not group_members(pid):
+            _reap(pgid)
+            if not group_members(pgid):
                 break
             time.sleep(0.05)
-        stopped = True
-    return stopped
+    _reap(pgid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a child of ours, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -8,7 +8,13 @@ import time
 from pathlib import Path
 
 from orchestrator.backends.base import Deployment, Endpoint, RunKey
-from orchestrator.backends.local import Device, LocalBackend, LocalSettings, group_members
+from orchestrator.backends.local import (
+    Device,
+    LocalBackend,
+    LocalSettings,
+    _stop_group,
+    group_members,
+)
 from orchestrator.backends.processes import StateFile, start_process
 
 # The leader starts a child that ignores SIGTERM (as a busy EngineCore may), then waits.
@@ -25,14 +31,15 @@ def _start(tmp_path: Path, name: str):
     log = tmp_path / f"{name}.log"
     proc = start_process(name, [sys.executable, "-c", LEADER], 0, log, env={"ORCH_RUN": "t"})
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(group_members(proc.pid)) < 2:
+    # Wait until the child has set SIGTERM aside (it prints "up" after that).
+    while time.monotonic() < deadline and "up" not in log.read_text():
         time.sleep(0.05)
     assert len(group_members(proc.pid)) == 2, log.read_text()
     return proc
 
 
 def _backend(tmp_path: Path) -> LocalBackend:
-    settings = LocalSettings(python=sys.executable, router="vllm-router")
+    settings = LocalSettings(python=sys.executable, router="vllm-router", stop_grace_s=1.0)
     return LocalBackend(tmp_path / "state", settings=settings, device=Device(kind="cpu"))
 
 
@@ -60,6 +67,24 @@ def test_cleanup_stops_what_a_crashed_controller_left(tmp_path: Path) -> None:
     assert not state.path.exists()
 
 
-def test_group_members_ignores_processes_not_of_a_run() -> None:
-    # This test process is in its own group but carries no ORCH_RUN: never a member.
-    assert os.getpid() not in group_members(os.getpgid(0))
+def test_a_group_that_is_not_ours_is_left_alone(tmp_path: Path) -> None:
+    # A pid recorded in a stale state file may now belong to someone else's process.
+    other = start_process("other", ["sleep", "60"], 0, tmp_path / "other.log")
+    try:
+        assert not _stop_group(other.pid, grace_s=0.5)
+        assert group_members(other.pid) == [other.pid]
+    finally:
+        os.kill(other.pid, 9)
+        os.waitpid(other.pid, 0)
+
+
+def test_a_renamed_engine_is_recognised_as_ours(tmp_path: Path) -> None:
+    # vLLM and vllm-router rename their process titles ("vllm::router"); teardown must still
+    # stop them. exec -a sets the title the same way for this test.
+    proc = start_process("router", ["bash", "-c", "exec -a vllm::router sleep 60"], 0,
+                         tmp_path / "router.log")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "vllm::router" not in Path(f"/proc/{proc.pid}/cmdline").read_text():
+        time.sleep(0.05)
+    assert _stop_group(proc.pid, grace_s=5)
+    assert group_members(proc.pid) == []
