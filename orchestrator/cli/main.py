@@ -25,7 +25,6 @@ from orchestrator.errors import OrchestratorError, UserError
 # complete and stable. A module not written yet is skipped (find_spec), a broken one is not.
 COMMAND_MODULES = (
     "plan_cmd",
-    "demo_cmd",
     "db_cmd",
     "store_cmd",
     "sim_cmd",
@@ -36,8 +35,33 @@ COMMAND_MODULES = (
 )
 
 
-def _register() -> None:
-    for name in COMMAND_MODULES:
+# Which modules a top-level command needs: `orch sim serve` must not pay for importing the
+# store, Ray or Kubernetes (sim workers start by the dozen). Unknown or help: all of them.
+COMMAND_HOMES = {
+    "plan": ("plan_cmd", "store_cmd", "sim_cmd"),
+    "sim": ("sim_cmd",),
+    "loadgen": ("loadgen_cmd",),
+    "k8s": ("k8s_cmd",),
+    "db": ("db_cmd",),
+    "capacity": ("store_cmd",),
+    "run": ("run_cmd",),
+    "demo": ("run_cmd",),
+    "verdict": ("run_cmd",),
+    "status": ("run_cmd",),
+    "submit": ("run_cmd",),
+    "cancel": ("run_cmd",),
+    "report": ("report_cmd",),
+    "export": ("report_cmd",),
+}
+
+
+def _register(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args if not a.startswith("-")), None)
+    names = COMMAND_HOMES.get(first or "", COMMAND_MODULES)
+    if "--help" in args or "-h" in args:
+        names = COMMAND_MODULES if first is None else names
+    for name in names:
         full = f"orchestrator.cli.{name}"
         if importlib.util.find_spec(full) is not None:
             importlib.import_module(full)
@@ -46,7 +70,7 @@ def _register() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run `orch`; returns (and exits with) the exit code."""
     debug = os.environ.get("ORCH_DEBUG") == "1"
-    _register()
+    _register(argv)
     try:
         app(args=argv, prog_name="orch", standalone_mode=False)
         code = 0

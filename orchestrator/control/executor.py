@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.analysis.guards import GuardResult, back_to_back
+from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.backends.base import Backend, Deployment, RunKey
 from orchestrator.control.design import block_order
@@ -275,10 +275,18 @@ class Executor:
             return
         if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
             return  # judged before (a resumed experiment)
-        result: GuardResult = back_to_back(
-            [(r.arm, r.fingerprint or {}, r.started_at, r.finished_at) for r in by_arm.values()],
-            window_h=plan.design.window_h,
-        )
+        envs = []
+        for r in by_arm.values():
+            fp = r.fingerprint or {}
+            envs.append(RunEnvironment(
+                arm=r.arm, gpu_type=str(fp.get("gpu_type", "")), engine_version=str(fp.get("engine_version", "")),
+                node_pool=str(fp.get("node_pool", "")), started_s=_ts(r.started_at),
+                ended_s=_ts(r.finished_at or r.started_at),
+                # One measurement session = one experiment on one backend; a resumed controller
+                # continues the session (the time window still bounds it).
+                session=f"{exp_id}:{fp.get('backend', '')}",
+            ))
+        result: GuardResult = back_to_back(envs, window_h=plan.design.window_h)
         for r in by_arm.values():
             self.store.record_guards(r.id, None, [result])
         if not result.passed:
@@ -295,3 +303,10 @@ def _finite(x: float) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def _ts(dt) -> float:
+    """Epoch seconds of a stored (UTC) datetime."""
+    from datetime import UTC
+
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()

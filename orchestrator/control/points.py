@@ -4,14 +4,12 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from orchestrator.analysis.guards import GuardResult, run_guards
+from orchestrator.analysis.guards import GuardResult, PointContext, run_guards
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
@@ -127,43 +125,35 @@ class PointRunner:
         ))
         after = scrape_samples(self.backend, dep)
         records = summary.records or []
-        metrics = point_metrics(records, plan.classes)
+        n_measured = sum(1 for p in phases if p == "measure")
+        metrics = point_metrics(records, plan.classes, window_s=s.point_s, n_scheduled=n_measured)
         hit = server_prefix_hit_rate(before, after)
-        policy = plan.router_for(arm).policy
-        context = {
-            "offered_rate": rate,
-            "generator_ceiling": self.ceiling,
-            "expected_prefix_hit_rate": expected_prefix_hit_rate(requests, self.workers(arm), policy),
-            "ideal_prefix_hit_rate": ideal_prefix_hit_rate(requests),
-            "server_prefix_hit_rate": hit,
-            "shared_prefix_tokens": requests[0].shared_prefix_tokens if requests else 0,
-            "scheduled": len(requests),
-        }
-        guards = run_guards(records, plan.guards, **context)
+        judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
+        context = PointContext(
+            n_scheduled=n_measured, window_s=s.point_s,
+            expected_prefix_hit_rate=ideal_prefix_hit_rate(requests), server_prefix_hit_rate=hit,
+            generator_ceiling_rate=self.ceiling, offered_rate=rate,
+            shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
+            service_class=judged_class, attainment_threshold=s.attainment,
+        )
+        guards = run_guards(records, plan.guards, context)
         flushed = sink.flush()
+        doc = metrics.to_dict()
+        context_doc = {
+            "server_prefix_hit_rate": hit, "ideal_prefix_hit_rate": context.expected_prefix_hit_rate,
+            "expected_prefix_hit_rate": expected_prefix_hit_rate(
+                requests, self.workers(arm), plan.router_for(arm).policy),
+            "send_lag_p99_s": summary.send_lag_p99_s, "started_at": started,
+            "records_spooled": not flushed, "seed": seed,
+        }
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
-            per_class={k: _plain(v) for k, v in metrics.per_class.items()},
-            percentiles=_plain(metrics.percentiles), valid=all(g.passed for g in guards),
-            extra={"server_prefix_hit_rate": hit, "send_lag_p99_s": summary.send_lag_p99_s,
-                   "started_at": started, "spooled": not flushed},
+            per_class=doc["per_class"],
+            percentiles={**{k: doc[k] for k in ("ttft_s", "tpot_s", "max_gap_s", "e2e_s")},
+                         "context": context_doc},
+            valid=all(g.passed for g in guards),
         )
         self.store.record_guards(run_id, point_id, guards)
         samples = [(time.time(), x.name, x.labels, x.value) for x in after if x.name.startswith("vllm:")]
         self.store.record_metric_samples(run_id, point_id, samples)
         return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed)
-
-
-def _plain(obj: Any) -> Any:
-    """JSON-ready: dataclasses to dicts, inf/nan to None."""
-    if hasattr(obj, "to_dict"):
-        return _plain(obj.to_dict())
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: _plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -39,6 +39,8 @@ def load_plan_text(text: str, source: str = "<plan>") -> Plan:
         raise PlanError([Problem("", f"YAML syntax: {what}", line)]) from e
     if not isinstance(data, dict):
         raise PlanError([Problem("", f"{source}: a plan is a mapping of fields, got {type(data).__name__}")])
+    if set(data) == {"schema_version", "plan"} and isinstance(data["plan"], dict):
+        return validate_plan(data["plan"])  # a registration's canonical JSON is a plan file too
     return validate_plan(data, lines=_line_index(root))
 
 

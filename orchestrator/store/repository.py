@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from orchestrator.errors import EnvironmentProblem, PermanentError, UserError
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
-from orchestrator.store import database, history
+from orchestrator.store import database, history, summaries
 from orchestrator.store.ingest import fetch_requests, ingest_requests
 from orchestrator.store.models import (
     BarVerdict,
@@ -245,7 +245,10 @@ class Store:
     def delete_experiment(self, experiment_id: int) -> None:
         """Remove an experiment and everything it measured (the registration stays)."""
         with self._sessions.begin() as s:
+            touched = summaries.groups_of_runs(s, Run.experiment_id == experiment_id)
             s.execute(sa.delete(Experiment).where(Experiment.id == experiment_id))
+            for config_id, classes in touched.items():
+                summaries.refresh(s, config_id, classes)
 
     # -- configurations and runs ------------------------------------------------------------
 
@@ -311,6 +314,9 @@ class Store:
             if fp.get("nodes") is not None:
                 row.nodes = fp["nodes"]
             row.finished_at = utcnow()
+            s.flush()
+            classes = s.scalars(sa.select(Capacity.class_name).where(Capacity.run_id == run_id)).all()
+            summaries.refresh(s, row.config_id, classes)
 
     def runs(self, experiment_id: int) -> list[RunInfo]:
         """Every run of the experiment (all attempts), in execution order."""
@@ -352,6 +358,25 @@ class Store:
             s.add(row)
             s.flush()
             return row.id
+
+    def finish_point(
+        self,
+        point_id: int,
+        *,
+        achieved_rate: float | None,
+        throughput_tok_s: float | None,
+        per_class: Mapping[str, Any],
+        percentiles: Mapping[str, Any],
+        valid: bool,
+    ) -> None:
+        """Complete a point opened by ``record_point`` before its records streamed in."""
+        with self._sessions.begin() as s:
+            row = s.get(LoadPoint, point_id)
+            if row is None:
+                raise NotFound(f"no load point with id {point_id}")
+            row.achieved_rate, row.throughput_tok_s = achieved_rate, throughput_tok_s
+            row.per_class, row.percentiles = _plain(dict(per_class)), _plain(dict(percentiles))
+            row.valid = bool(valid)
 
     def points(self, run_id: int) -> pd.DataFrame:
         """A run's load points in the order they were measured."""
@@ -395,12 +420,17 @@ class Store:
         """A run's capacity at a class; recording it again replaces it (a resumed search)."""
         values = dict(capacity=float(capacity), at_rate=at_rate, attainment=attainment, points_used=int(points_used))
         with self._sessions.begin() as s:
+            run = s.get(Run, run_id)
+            if run is None:
+                raise NotFound(f"no run with id {run_id}")
             row = s.scalar(sa.select(Capacity).where(Capacity.run_id == run_id, Capacity.class_name == class_name))
             if row is None:
                 s.add(Capacity(run_id=run_id, class_name=class_name, **values))
             else:
                 for k, v in values.items():
                     setattr(row, k, v)
+            s.flush()
+            summaries.refresh(s, run.config_id, [class_name])
 
     def capacities(self, experiment_id: int) -> pd.DataFrame:
         """Per run and class: arm, block, attempt, validity, capacity (input to a bar's statistics)."""
@@ -477,6 +507,11 @@ class Store:
         return pd.DataFrame(rows, columns=["t", "name", "labels", "value", "point_id"])
 
     # -- history ----------------------------------------------------------------------------
+
+    def rebuild_capacity_summaries(self) -> int:
+        """Recompute the derived capacity summaries from the runs; returns the groups written.
+        Needed only after runs or capacities were edited outside the Store."""
+        return summaries.rebuild(self.engine)
 
     def capacity_by_config(self, **filters: Any) -> pd.DataFrame:
         """See history.capacity_by_config."""

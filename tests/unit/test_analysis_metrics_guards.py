@@ -171,6 +171,16 @@ def test_steady_state_fails_on_warmup_contamination() -> None:
     assert not g.passed and g.value is not None and g.value > 0.9
 
 
+def test_steady_state_ignores_poisson_unevenness_of_arrivals() -> None:
+    # 20 arrivals in the first third, 10 in the last, every request served within its class:
+    # raw tokens/s differ by half, the server's behaviour does not.
+    times = [i * (10 / 3) / 20 for i in range(20)] + [5.0] + [20 / 3 + i * (10 / 3) / 10 for i in range(10)]
+    recs = [rec(i, scheduled_s=t, sent_s=t, first_token_s=t + 0.2, last_token_s=t + 0.2 + 0.02 * 99)
+            for i, t in enumerate(times)]
+    g = steady_state(recs, TH, STD, 10.0)
+    assert g.passed, g.detail
+
+
 def test_steady_state_accepts_an_overloaded_point_as_a_valid_fail() -> None:
     recs = [rec(i, ttft=0.2 + 0.05 * i) for i in range(100)]  # the queue grows
     g = steady_state(recs, TH, STD, 10.0)

@@ -54,6 +54,7 @@ def _helm_chart(p: Path) -> None:
 # (path prefix, validator). First match wins. Extend as kinds of YAML are added.
 KINDS: list[tuple[str, Callable[[Path], None]]] = [
     ("examples/", _plan),
+    ("tests/e2e/plans/", _plan),
     ("tests/fixtures/plans/", _wrong_plan),
     ("manifests/", _k8s_objects),
     ("tests/fixtures/k8s/", _k8s_objects),

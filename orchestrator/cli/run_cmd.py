@@ -1,0 +1,210 @@
+"""`orch run`, `orch demo`, `orch verdict`, `orch status`: experiments from plan to verdict."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from orchestrator.cli.apps import JSON_OPTION, app
+from orchestrator.cli.output import emit_json, say
+from orchestrator.errors import UserError
+from orchestrator.plan import load_plan_file, plan_from_canonical
+
+# Heavy parts (control, store: pandas, scipy, sqlalchemy) are imported inside the commands so
+# `orch --help` and the other commands start quickly.
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+
+
+def _num(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _outcome_doc(store, out) -> dict:
+    runs = store.runs(out.experiment_id)
+    return {
+        "experiment": {"id": out.experiment_id, "name": out.experiment_name,
+                       "registration_id": out.registration_id, "sha256": out.sha256,
+                       "resumed": out.resumed, "complete": out.complete},
+        "verdicts": [
+            {"bar": o.bar.id, "class": o.bar.service_class, "metric": o.bar.metric,
+             "threshold": o.bar.threshold, "direction": o.bar.direction,
+             "verdict": o.judgement.verdict, "estimate": _num(o.judgement.estimate),
+             "lower": _num(o.judgement.lower), "upper": _num(o.judgement.upper),
+             "confidence": o.judgement.confidence, "blocks": o.judgement.n, "note": o.judgement.note}
+            for o in out.bars
+        ],
+        "runs": [
+            {"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
+             "valid": r.valid, "reason": r.invalid_reason}
+            for r in runs
+        ],
+        "gate_exit_code": out.gate_code,
+    }
+
+
+def _print_outcome(doc: dict) -> None:
+    e = doc["experiment"]
+    say("")
+    say(f"experiment {e['name']} (id {e['id']}), plan sha256 {e['sha256'][:16]}")
+    say("runs:")
+    for r in doc["runs"]:
+        state = "valid" if r["valid"] else f"INVALID: {r['reason']}" if r["status"] != "running" else "running"
+        say(f"  block {r['block']} arm {r['arm']} attempt {r['attempt']}: {r['status']}, {state}")
+    say("verdicts:")
+    if not doc["verdicts"]:
+        say("  (the plan has no bars)")
+    for v in doc["verdicts"]:
+        est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
+        lo = "-" if v["lower"] is None else f"{v['lower']:.3f}"
+        hi = "-" if v["upper"] is None else f"{v['upper']:.3f}"
+        cmp_ = ">=" if v["direction"] == "at_least" else "<="
+        say(f"  {v['bar']}: {v['verdict']}  B/A {v['metric']} [{v['class']}] = {est} "
+            f"(interval {lo} .. {hi} at {v['confidence']:.0%}, {v['blocks']} blocks; bar {cmp_} {v['threshold']})"
+            + (f"  {v['note']}" if v["note"] else ""))
+    if not e["complete"]:
+        say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
+
+
+@app.command("run")
+def run(
+    file: Path = typer.Argument(..., help="Plan file (YAML)."),
+    backend: str | None = typer.Option(None, "--backend", help="sim | local | kubernetes (default: the plan's)."),
+    blocks: int | None = typer.Option(None, "--blocks", min=1, help="Run only the first N blocks now."),
+    new: bool = typer.Option(False, "--new", help="Start a new experiment instead of resuming."),
+    name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Register the plan if needed, run it (or resume it) here, print the verdicts."""
+    from orchestrator.control.session import run_plan
+    from orchestrator.store import Store
+
+    plan = load_plan_file(file)
+    with Store.open() as store:
+        out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name)
+        doc = _outcome_doc(store, out)
+    emit_json(doc) if as_json else _print_outcome(doc)
+
+
+@app.command("demo")
+def demo(as_json: bool = JSON_OPTION) -> None:
+    """The quickstart plan (examples/quickstart.yaml), end to end on embedded defaults:
+    SQLite, this machine, simulated H200s behind the real vllm-router."""
+    from orchestrator.control.session import run_plan
+    from orchestrator.store import Store
+
+    if not QUICKSTART.exists():
+        raise UserError(f"{QUICKSTART} not found: run `orch demo` from a checkout of the repository")
+    plan = load_plan_file(QUICKSTART)
+    with Store.open() as store:
+        out = run_plan(plan, store, new=True)
+        doc = _outcome_doc(store, out)
+        say_url = str(store.engine.url)
+    if as_json:
+        emit_json(doc)
+        return
+    _print_outcome(doc)
+    say(f"stored in {say_url}; `orch verdict {doc['experiment']['name']}` and "
+        f"`orch capacity --model {plan.model.name}` read it back")
+
+
+def _experiment_doc(store, key: str) -> tuple[dict, int]:
+    from orchestrator.control.verdicts import gate_exit_code, judge_experiment, valid_runs
+
+    exp = store.get_experiment(key)
+    reg = store.get_registration(exp.registration_id)
+    plan = plan_from_canonical(reg.canonical_json)
+    stored = {v.bar_id: v for v in store.verdicts(exp.id)}
+    outcomes = judge_experiment(store, exp.id, plan) if not stored else []
+    runs = store.runs(exp.id)
+    counted = valid_runs(store, exp.id)
+    blocks = {r.block for r in runs}
+    complete = exp.status == "done" and all((b, a) in counted for b in range(plan.design.blocks) for a in ("A", "B"))
+    if stored:
+        verdicts = [
+            {"bar": b.id, "class": b.service_class, "metric": b.metric, "threshold": b.threshold,
+             "direction": b.direction, "verdict": stored[b.id].verdict if b.id in stored else "INCONCLUSIVE",
+             "estimate": stored[b.id].estimate if b.id in stored else None,
+             "lower": stored[b.id].lower if b.id in stored else None,
+             "upper": stored[b.id].upper if b.id in stored else None,
+             "confidence": b.confidence, "blocks": stored[b.id].blocks if b.id in stored else 0, "note": ""}
+            for b in plan.bars
+        ]
+        code = 5 if not complete else 3 if any(v["verdict"] == "REJECT" for v in verdicts) else \
+            4 if any(v["verdict"] == "INCONCLUSIVE" for v in verdicts) else 0
+    else:
+        verdicts = [
+            {"bar": o.bar.id, "class": o.bar.service_class, "metric": o.bar.metric,
+             "threshold": o.bar.threshold, "direction": o.bar.direction, "verdict": o.judgement.verdict,
+             "estimate": _num(o.judgement.estimate), "lower": _num(o.judgement.lower),
+             "upper": _num(o.judgement.upper), "confidence": o.judgement.confidence,
+             "blocks": o.judgement.n, "note": o.judgement.note}
+            for o in outcomes
+        ]
+        code = gate_exit_code(outcomes, not complete)
+    doc = {
+        "experiment": {"id": exp.id, "name": exp.name, "registration_id": reg.id, "sha256": reg.sha256,
+                       "status": exp.status, "complete": complete, "resumed": False,
+                       "blocks_started": len(blocks), "blocks_planned": plan.design.blocks},
+        "verdicts": verdicts,
+        "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
+                  "valid": r.valid, "reason": r.invalid_reason} for r in runs],
+        "gate_exit_code": code,
+    }
+    return doc, code
+
+
+@app.command("verdict")
+def verdict(
+    experiment: str = typer.Argument(..., help="Experiment name or id."),
+    gate: bool = typer.Option(False, "--gate", help="Exit 0 all accepted, 3 rejected, 4 inconclusive, 5 a run invalid."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Bar verdicts of an experiment with estimates and intervals."""
+    from orchestrator.store import Store
+
+    with Store.open() as store:
+        doc, code = _experiment_doc(store, experiment)
+    emit_json(doc) if as_json else _print_outcome(doc)
+    if gate and code:
+        raise typer.Exit(code)
+
+
+@app.command("status")
+def status(
+    experiment: str | None = typer.Argument(None, help="Experiment name or id (default: all)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Experiments, their progress and the validity of every run."""
+    from orchestrator.store import Store
+
+    with Store.open() as store:
+        exps = [store.get_experiment(experiment)] if experiment else store.list_experiments()
+        docs = []
+        for e in exps:
+            runs = store.runs(e.id)
+            plan = plan_from_canonical(store.get_registration(e.registration_id).canonical_json)
+            docs.append({
+                "id": e.id, "name": e.name, "status": e.status, "plan": plan.name,
+                "created_at": e.created_at.isoformat(),
+                "runs_valid": sum(1 for r in runs if r.valid),
+                "runs_planned": 2 * plan.design.blocks,
+                "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt,
+                          "status": r.status, "valid": r.valid, "reason": r.invalid_reason} for r in runs],
+            })
+    if as_json:
+        emit_json({"experiments": docs})
+        return
+    if not docs:
+        say("no experiments yet: `orch run FILE` or `orch demo`")
+    for d in docs:
+        say(f"{d['name']} (id {d['id']}): {d['status']}, {d['runs_valid']}/{d['runs_planned']} valid runs")
+        if experiment:
+            for r in d["runs"]:
+                say(f"  block {r['block']} arm {r['arm']} attempt {r['attempt']}: {r['status']}"
+                    + ("" if r["valid"] or r["status"] == "running" else f" INVALID: {r['reason']}"))
+    sys.stdout.flush()

@@ -1,0 +1,439 @@
+"""The dry run: a plan's whole design in virtual time, before any GPU hour is spent.
+
+For each arm, the capacity search of ``analysis.search`` is driven by virtual-time load points
+(the same requests, schedules, engine and metrics as a real point, on the simulator's clock),
+class after class in the plan's order, each search fed the points earlier classes measured
+(as the executor does). That gives the predicted capacity per arm and class, and how many
+points a real run would measure.
+
+Run-to-run noise: a run's efficiency is drawn as exp(N(0, noise)) (``plan.sim.noise``; a dry
+run uses ``DRY_RUN_NOISE`` when the plan's is 0, and says so). The searches are repeated at
+efficiencies exp(+-NOISE_GRID x noise), and a run's capacity at any efficiency is read off the
+log-log line through those searches. The plan's blocks are then replayed with a seeded draw per
+(block, arm) and judged with Holm's correction (the predicted verdict), and ``replications``
+further draws of the whole design give the power: the share that ACCEPT. Modelled spread: the
+efficiency jitter (and the search's own discreteness, through the grid); not modelled: arrival
+sampling differing between blocks (the real run's points are longer and average it out).
+
+GPU-hours: GPUs of each arm x (deploy and readiness + every point's warm-up, window,
+cool-down and drain) for each block.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator.analysis.metrics import PointMetrics, point_metrics
+from orchestrator.analysis.search import CapacityResult, CapacitySearch
+from orchestrator.analysis.stats import BarEvidence, Judgement, blocks_needed, judge_bars
+from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
+from orchestrator.loadgen.workloads import build_requests
+from orchestrator.plan import Plan, plan_hash
+from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
+
+# Efficiency jitter (sigma of its log) a dry run assumes when the plan sets none: a few percent
+# run to run is what repeated vLLM benchmarks on one node show. Not in the seed notes.
+DRY_RUN_NOISE = 0.03
+# The efficiency grid of the noise model: searches at exp(+-NOISE_GRID x sigma) and at 1.
+NOISE_GRID = 2.0
+# Time to deploy an arm and see it ready on a GPU node (image cached, 8B-class weights loaded
+# from a local cache, CUDA graphs captured): a few minutes. An assumption, printed with the
+# GPU-hours. The executor's ready deadline (180 s) is the same order.
+DEPLOY_S = 240.0
+# Virtual points shorter than the plan's: enough requests for an attainment estimate, fast
+# enough for a whole design in seconds. (Longer points only reduce sampling noise.)
+DRY_MEASURE_S = 30.0
+DRY_WARMUP_S = 10.0
+DRY_COOLDOWN_S = 2.0
+# The priors of a real-time run need less: a rate near the knee.
+PRIOR_MEASURE_S = 20.0
+PRIOR_WARMUP_S = 5.0
+PRIOR_PRECISION = 0.05
+# A dry run's power is also reported as the blocks needed for this power.
+TARGET_POWER = 0.8
+
+
+@dataclass(frozen=True)
+class DryWindows:
+    """Lengths of a virtual point and the search precision a dry run uses."""
+
+    measure_s: float
+    warmup_s: float
+    cooldown_s: float
+    precision: float
+
+    @classmethod
+    def for_plan(cls, plan: Plan, measure_s: float, warmup_s: float, cooldown_s: float,
+                 precision: float | None = None) -> DryWindows:
+        s = plan.search
+        return cls(min(s.point_s, measure_s), min(s.warmup_s, warmup_s), min(s.cooldown_s, cooldown_s),
+                   precision if precision is not None else s.precision)
+
+
+def drain_s(plan: Plan) -> float:
+    """How long in-flight requests are waited for after the last send (as the point runner)."""
+    worst = max(c.ttft_ms / 1e3 + c.tpot_ms / 1e3 * plan.workload.output_tokens for c in plan.classes)
+    return min(60.0, 1.5 * worst + 1.0)
+
+
+class ArmSimulator:
+    """Virtual-time load points and capacity searches of one arm at one efficiency."""
+
+    def __init__(self, plan: Plan, arm: str, windows: DryWindows, seed: int, efficiency: float = 1.0):
+        if plan.workload.arrival is None:
+            raise ValueError("capacity comes from open-loop runs only; this workload is closed loop")
+        self.plan = plan
+        self.arm = arm
+        self.windows = windows
+        self.seed = seed
+        self.efficiency = efficiency
+        # Faults (stalls) off: a dry run predicts what a healthy run measures.
+        self.cluster = cluster_for_arm(plan.model, plan.arm(arm), plan.router_for(arm), plan.sim,
+                                       efficiency_scale=efficiency, with_faults=False)
+        self.points: dict[float, PointMetrics] = {}
+        self.drains: dict[float, float] = {}
+
+    def point(self, rate: float) -> PointMetrics:
+        """One open-loop point at ``rate``; both arms share the schedule and prompts of a rate."""
+        for r, m in self.points.items():
+            if abs(r - rate) <= 1e-6 * rate:
+                return m
+        w, plan = self.windows, self.plan
+        seed = derive_seed(self.seed, "dry-run", f"{rate:.6g}")
+        total = w.warmup_s + w.measure_s + w.cooldown_s
+        assert plan.workload.arrival is not None
+        offsets = open_loop_offsets(plan.workload.arrival, rate, total, seed)
+        requests = build_requests(plan.workload, len(offsets), seed)
+        res = simulate_open_loop(self.cluster, requests, offsets, Windows(w.warmup_s, w.measure_s, w.cooldown_s),
+                                 drain_s=drain_s(plan), seed=seed)
+        n_measure = int(np.count_nonzero((offsets >= w.warmup_s) & (offsets < w.warmup_s + w.measure_s)))
+        m = point_metrics(res.records, plan.classes, window_s=w.measure_s, n_scheduled=n_measure)
+        self.points[rate] = m
+        last = float(offsets[-1]) if len(offsets) else 0.0
+        self.drains[rate] = min(max(res.end_s - max(last, total), 0.0), drain_s(plan))
+        return m
+
+    def search(self, cls: str, prior: float | None = None) -> CapacityResult:
+        """The capacity search of one class, fed every point this arm measured so far."""
+        s = self.plan.search
+        search = CapacitySearch(s.rate.min, s.rate.max, self.windows.precision, s.attainment, s.max_points,
+                                prior=prior)
+        for rate, m in list(self.points.items()):
+            c = m.per_class[cls]
+            search.observe(rate, c.attainment, c.goodput_tok_s)
+        while (rate := search.next_rate()) is not None:
+            c = self.point(rate).per_class[cls]
+            search.observe(rate, c.attainment, c.goodput_tok_s)
+        return search.result()
+
+    def search_all(self, priors: dict[str, float] | None = None) -> dict[str, CapacityResult]:
+        """Every class of the plan, in order (as one real run does)."""
+        return {c.name: self.search(c.name, (priors or {}).get(c.name)) for c in self.plan.classes}
+
+
+def predicted_capacity_rates(plan: Plan) -> dict[str, dict[str, float]]:
+    """Rate (requests/s) at which each arm's capacity of each class was found in virtual time
+    (noise off): the prior of a real run's capacity search. Short points, coarse precision: a
+    few seconds for the quickstart plan. A class with no passing rate gets the bracket's low end
+    or the plan's lowest rate."""
+    if plan.workload.arrival is None:
+        return {}
+    windows = DryWindows.for_plan(plan, PRIOR_MEASURE_S, PRIOR_WARMUP_S, DRY_COOLDOWN_S,
+                                  max(plan.search.precision, PRIOR_PRECISION))
+    out: dict[str, dict[str, float]] = {}
+    for arm in plan.arms:
+        sim = ArmSimulator(plan, arm, windows, plan.design.seed)
+        out[arm] = {name: _rate_of(res, plan) for name, res in sim.search_all().items()}
+    return out
+
+
+def _rate_of(res: CapacityResult, plan: Plan) -> float:
+    if res.at_rate is not None:
+        return float(res.at_rate)
+    lo = res.bracket[0]
+    return float(lo) if lo is not None else plan.search.rate.min
+
+
+# --- the whole design ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassPrediction:
+    """Predicted capacity of one class at one arm (efficiency 1), and the efficiency curve."""
+
+    capacity_tok_s: float
+    at_rate: float | None
+    attainment: float | None
+    points_used: int
+    converged: bool
+    censored: str
+    curve: tuple[tuple[float, float], ...]  # (efficiency, capacity) of the noise grid
+
+    def at(self, efficiency: float) -> float:
+        """Capacity at an efficiency, along the log-log line fitted to the grid."""
+        return _interp_loglog(self.curve, efficiency)
+
+
+@dataclass(frozen=True)
+class ArmPrediction:
+    gpus: int
+    layout: str
+    classes: dict[str, ClassPrediction]
+    points_per_run: int
+    run_wall_s: float  # one run: deploy + every point
+    fixed_rate: dict[float, tuple[tuple[float, dict[str, tuple[float, float]]], ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BarPrediction:
+    id: str
+    service_class: str
+    metric: str
+    direction: str
+    threshold: float
+    confidence: float
+    noise_free_ratio: float
+    judgement: Judgement
+    block_ratios: tuple[float, ...]
+    power: float
+    blocks_for_power: int | None
+    blocks_note: str
+
+    def to_dict(self) -> dict[str, object]:
+        j = self.judgement.to_dict()
+        return {
+            "id": self.id, "class": self.service_class, "metric": self.metric,
+            "direction": self.direction, "threshold": self.threshold, "confidence": self.confidence,
+            "noise_free_ratio": _finite(self.noise_free_ratio),
+            "verdict": j["verdict"], "estimate": j["estimate"], "lower": j["lower"], "upper": j["upper"],
+            "blocks": j["n"], "note": j["note"],
+            "block_ratios": [_finite(r) for r in self.block_ratios],
+            "power": self.power,
+            f"blocks_for_{int(TARGET_POWER * 100)}pct_power": self.blocks_for_power,
+            "blocks_note": self.blocks_note,
+        }
+
+
+@dataclass(frozen=True)
+class DryRunResult:
+    """What ``orch plan simulate`` prints."""
+
+    plan: str
+    sha256: str
+    seed: int
+    replications: int
+    noise: float
+    noise_source: str  # "plan" | "dry-run default"
+    arms: dict[str, ArmPrediction]
+    bars: list[BarPrediction]
+    gpu_hours: float
+    gpu_hours_per_arm: dict[str, float]
+    wall_hours: float
+    windows: DryWindows
+    notes: list[str]
+    elapsed_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        arms = {}
+        for name, a in self.arms.items():
+            arms[name] = {
+                "gpus": a.gpus, "layout": a.layout, "points_per_run": a.points_per_run,
+                "run_wall_s": a.run_wall_s,
+                "capacity": {
+                    c: {"capacity_tok_s": p.capacity_tok_s, "at_rate": p.at_rate, "attainment": p.attainment,
+                        "points_used": p.points_used, "converged": p.converged, "censored": p.censored,
+                        "elasticity": _elasticity(p.curve),
+                        "efficiency_curve": [{"efficiency": e, "capacity_tok_s": v} for e, v in p.curve]}
+                    for c, p in a.classes.items()
+                },
+            }
+        return {
+            "plan": self.plan, "sha256": self.sha256, "seed": self.seed, "replications": self.replications,
+            "noise": {"sigma": self.noise, "source": self.noise_source},
+            "virtual_point": {"measure_s": self.windows.measure_s, "warmup_s": self.windows.warmup_s,
+                              "cooldown_s": self.windows.cooldown_s, "precision": self.windows.precision},
+            "arms": arms,
+            "bars": [b.to_dict() for b in self.bars],
+            "gpu_hours": {"total": self.gpu_hours, "per_arm": self.gpu_hours_per_arm,
+                          "wall_hours": self.wall_hours, "deploy_s_assumed": DEPLOY_S},
+            "notes": self.notes,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) -> DryRunResult:
+    """Run the plan's design in virtual time: capacities, verdicts, power, GPU-hours."""
+    if plan.workload.arrival is None:
+        raise ValueError("a dry run searches capacity, which comes from open-loop runs only; "
+                         "this workload is closed loop")
+    if replications < 1:
+        raise ValueError("replications must be >= 1")
+    started = time.perf_counter()
+    seed = plan.design.seed if seed is None else seed
+    notes: list[str] = []
+    if plan.sim.noise > 0:
+        sigma, source = plan.sim.noise, "plan"
+    else:
+        sigma, source = DRY_RUN_NOISE, "dry-run default"
+        notes.append(f"sim.noise is 0 in the plan: the dry run assumes run-to-run efficiency jitter of "
+                     f"{DRY_RUN_NOISE:.0%} (sigma of its log) to estimate verdict intervals and power")
+    windows = DryWindows.for_plan(plan, DRY_MEASURE_S, DRY_WARMUP_S, DRY_COOLDOWN_S)
+    if windows.measure_s < plan.search.point_s:
+        notes.append(f"virtual points measure {windows.measure_s:g} s after {windows.warmup_s:g} s of "
+                     f"warm-up (the plan's: {plan.search.point_s:g} s after {plan.search.warmup_s:g} s)")
+    grid = (math.exp(-NOISE_GRID * sigma), 1.0, math.exp(NOISE_GRID * sigma))
+    bar_rates = sorted({b.rate for b in plan.bars if b.rate is not None})
+    arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates) for name in plan.arms}
+
+    bars = _predict_bars(plan, arms, sigma, seed, replications)
+    blocks = plan.design.blocks
+    per_arm = {n: a.gpus * a.run_wall_s * blocks / 3600.0 for n, a in arms.items()}
+    wall = sum(a.run_wall_s for a in arms.values()) * blocks / 3600.0
+    notes.append("modelled spread: per-run efficiency jitter; not modelled: arrival sampling between "
+                 "blocks, guard failures and their retries (each retry adds a run's GPU-hours)")
+    return DryRunResult(
+        plan=plan.name, sha256=plan_hash(plan), seed=seed, replications=replications, noise=sigma,
+        noise_source=source, arms=arms, bars=bars, gpu_hours=sum(per_arm.values()),
+        gpu_hours_per_arm=per_arm, wall_hours=wall, windows=windows, notes=notes,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Sequence[float],
+                 bar_rates: Sequence[float]) -> ArmPrediction:
+    base = ArmSimulator(plan, arm, windows, seed, 1.0)
+    results = base.search_all()
+    for r in bar_rates:
+        base.point(r)
+    curves: dict[str, list[tuple[float, float]]] = {c: [] for c in results}
+    fixed: dict[float, list[tuple[float, dict[str, tuple[float, float]]]]] = {r: [] for r in bar_rates}
+    for eff in grid:
+        if eff == 1.0:
+            sim, res = base, results
+        else:
+            sim = ArmSimulator(plan, arm, windows, seed, eff)
+            # A good prior: the knee moves with the efficiency.
+            priors = {c: _rate_of(r, plan) * eff for c, r in results.items()}
+            res = sim.search_all(priors)
+        for c, r in res.items():
+            curves[c].append((eff, r.capacity))
+        for rate in bar_rates:
+            m = sim.point(rate)
+            fixed[rate].append((eff, {c: (v.goodput_tok_s, v.attainment) for c, v in m.per_class.items()}))
+    classes = {
+        c: ClassPrediction(r.capacity, r.at_rate, r.attainment, r.points_used, r.converged, r.censored,
+                           tuple(curves[c]))
+        for c, r in results.items()
+    }
+    s = plan.search
+    point_wall = sum(s.warmup_s + s.point_s + s.cooldown_s + base.drains.get(r, 0.0) for r in base.points)
+    spec = plan.arm(arm)
+    return ArmPrediction(
+        gpus=spec.gpus, layout=spec.layout, classes=classes, points_per_run=len(base.points),
+        run_wall_s=DEPLOY_S + point_wall,
+        fixed_rate={r: tuple(v) for r, v in fixed.items()},
+    )
+
+
+def _curve(arm: ArmPrediction, bar) -> tuple[tuple[float, float], ...]:
+    if bar.metric == "capacity":
+        return arm.classes[bar.service_class].curve
+    idx = 0 if bar.metric == "goodput_at" else 1
+    return tuple((e, v[bar.service_class][idx]) for e, v in arm.fixed_rate[bar.rate])
+
+
+def _value(arm: ArmPrediction, bar, efficiency: float) -> float:
+    return _interp_loglog(_curve(arm, bar), efficiency)
+
+
+def _predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed: int,
+                  replications: int) -> list[BarPrediction]:
+    if not plan.bars:
+        return []
+    blocks = plan.design.blocks
+    a, b = arms["A"], arms["B"]
+
+    def design_ratios(rng: np.random.Generator) -> list[list[float]]:
+        eff = np.exp(rng.normal(0.0, sigma, size=(blocks, 2)))
+        out = []
+        for bar in plan.bars:
+            out.append([_log_ratio(_value(b, bar, eff[k, 1]), _value(a, bar, eff[k, 0])) for k in range(blocks)])
+        return out
+
+    def verdicts(ratios: list[list[float]]) -> list[Judgement]:
+        return judge_bars([BarEvidence(r, bar.threshold, bar.confidence, bar.direction)
+                           for r, bar in zip(ratios, plan.bars, strict=True)])
+
+    predicted_ratios = design_ratios(np.random.default_rng(derive_seed(seed, "dry-run", "blocks")))
+    predicted = verdicts(predicted_ratios)
+    accepts = np.zeros(len(plan.bars))
+    rng = np.random.default_rng(derive_seed(seed, "dry-run", "replications"))
+    for _ in range(replications):
+        for i, j in enumerate(verdicts(design_ratios(rng))):
+            accepts[i] += j.verdict == "ACCEPT"
+
+    out = []
+    for i, bar in enumerate(plan.bars):
+        clean = _log_ratio(_value(b, bar, 1.0), _value(a, bar, 1.0))
+        ratio = math.exp(clean) if math.isfinite(clean) else math.inf
+        spread = _spread_of_log_ratio(a, b, bar, sigma)
+        n_needed, note = None, ""
+        try:
+            if not spread > 0:
+                raise ValueError("no spread between blocks in the model: power is 0 or 1")
+            n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction)
+        except ValueError as e:
+            note = str(e)
+        out.append(BarPrediction(
+            id=bar.id, service_class=bar.service_class, metric=bar.metric, direction=bar.direction,
+            threshold=bar.threshold, confidence=bar.confidence, noise_free_ratio=ratio,
+            judgement=predicted[i], block_ratios=tuple(math.exp(x) for x in predicted_ratios[i]),
+            power=float(accepts[i] / replications), blocks_for_power=n_needed, blocks_note=note,
+        ))
+    return out
+
+
+def _spread_of_log_ratio(a: ArmPrediction, b: ArmPrediction, bar, sigma: float) -> float:
+    """sd of ln(B/A) per block: each arm's elasticity times sigma (independent draws)."""
+    slopes = [_elasticity(_curve(arm, bar)) for arm in (a, b)]
+    return math.hypot(*slopes) * sigma
+
+
+def _log_ratio(b: float, a: float) -> float:
+    if a <= 0 and b <= 0:
+        return 0.0  # neither arm has any: no difference to judge (the note says why)
+    if a <= 0:
+        return math.inf
+    if b <= 0:
+        return -math.inf
+    return math.log(b / a)
+
+
+def _elasticity(curve: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of ln(value) on ln(efficiency) over the grid (0 if undefined)."""
+    pts = [(math.log(e), math.log(v)) for e, v in curve if v > 0]
+    if len(pts) < 2:
+        return 0.0
+    x = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    if np.ptp(x) <= 0:
+        return 0.0
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def _interp_loglog(curve: Sequence[tuple[float, float]], x: float) -> float:
+    """The value at efficiency ``x``: the efficiency-1 value moved along the fitted log-log
+    line (one slope for the grid: the search's discreteness would make a piecewise line jump)."""
+    at_one = min(curve, key=lambda p: abs(math.log(p[0])))[1]
+    if at_one <= 0:
+        return 0.0
+    return at_one * x ** _elasticity(curve)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
