@@ -1,10 +1,10 @@
 """History queries over every experiment ever stored, as pandas DataFrames.
 
 Only valid, finished runs count (a run that failed a guard is never evidence, DESIGN section 9).
-On PostgreSQL the median and quartiles are computed in the database (percentile_cont), so a
-query returns one row per configuration and class however many runs there are; SQLite has no
-percentile aggregate, so there the filtered rows are aggregated by pandas with the same
-(linear-interpolation) definition.
+Without a time range, capacity statistics come from the capacity summaries (one row per
+configuration and class, kept by the repository). With one, they are aggregated live: on
+PostgreSQL in the database (percentile_cont); SQLite has no percentile aggregate, so there the
+filtered rows are aggregated by pandas with the same (linear-interpolation) definition.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store.models import Capacity, DeploymentConfig, Experiment, Run
+from orchestrator.store.models import Capacity, CapacitySummary, DeploymentConfig, Experiment, Run
 from orchestrator.store.types import utcnow
 
 CONFIG_COLUMNS = (
@@ -26,7 +26,7 @@ STAT_COLUMNS = ("runs", "median", "p25", "p75", "min", "max", "spread", "last_me
 BY_CONFIG_COLUMNS = ("config_id", *CONFIG_COLUMNS, "class", *STAT_COLUMNS)
 
 
-def _conditions(
+def _config_conditions(
     *,
     model: str | None = None,
     gpu: str | None = None,
@@ -41,18 +41,23 @@ def _conditions(
     speculative_method: str | None = None,
     engine_version: str | None = None,
     config_id: int | None = None,
+    class_column: Any = Capacity.class_name,
 ) -> list[sa.ColumnElement[bool]]:
-    """WHERE clauses of the filters given; None means no filter on that column."""
+    """WHERE clauses on the configuration and class; None means no filter on that column."""
     dc = DeploymentConfig
-    out: list[sa.ColumnElement[bool]] = [Run.valid.is_(True), Run.status == "done"]
     exact = {
         dc.model: model, dc.gpu: gpu, dc.layout: layout, dc.tp: tp,
         dc.kv_cache_dtype: kv_cache_dtype, dc.quantization: quantization,
         dc.max_num_seqs: max_num_seqs, dc.router_policy: router_policy,
         dc.speculative_method: speculative_method, dc.engine_version: engine_version,
-        dc.id: config_id, Capacity.class_name: service_class,
+        dc.id: config_id, class_column: service_class,
     }
-    out += [col == value for col, value in exact.items() if value is not None]
+    return [col == value for col, value in exact.items() if value is not None]
+
+
+def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses of the live aggregate: valid finished runs, the filters, the time range."""
+    out = [Run.valid.is_(True), Run.status == "done", *_config_conditions(**filters)]
     if since_days is not None:
         out.append(Run.finished_at >= utcnow() - timedelta(days=since_days))
     return out
@@ -69,9 +74,11 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     ((p75 - p25) / median) and the date last measured. Filters: model, gpu, layout,
     service_class, since_days, tp, kv_cache_dtype, quantization, max_num_seqs, router_policy,
     speculative_method, engine_version, config_id."""
-    where = _conditions(**filters)
     dc = DeploymentConfig
-    if engine.dialect.name == "postgresql":
+    if filters.get("since_days") is None:
+        frame = _from_summaries(engine, **{k: v for k, v in filters.items() if k != "since_days"})
+    elif engine.dialect.name == "postgresql":
+        where = _conditions(**filters)
         cap = Capacity.capacity
         stmt = (
             sa.select(
@@ -85,15 +92,32 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
             )
             .select_from(_base_from()).where(*where).group_by(dc.id, Capacity.class_name)
         )
-        with engine.connect() as conn:
+        with engine.begin() as conn:
+            # keep the sort of a long time range in memory (the default 4 MB spills to disk)
+            conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
             frame = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
     else:
-        frame = _aggregate_in_pandas(engine, where)
+        frame = _aggregate_in_pandas(engine, _conditions(**filters))
     if frame.empty:
         return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
     frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
     frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True])
     return frame[list(BY_CONFIG_COLUMNS)].reset_index(drop=True)
+
+
+def _from_summaries(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
+    dc, cs = DeploymentConfig, CapacitySummary
+    stmt = (
+        sa.select(
+            dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
+            cs.class_name.label("class"), cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max,
+            cs.last_measured,
+        )
+        .join(dc, dc.id == cs.config_id)
+        .where(*_config_conditions(class_column=cs.class_name, **filters))
+    )
+    with engine.connect() as conn:
+        return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
 
 
 def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnElement[bool]]) -> pd.DataFrame:

@@ -261,4 +261,25 @@ class MetricSample(Base):
     value: Mapped[float] = mapped_column(sa.Double)
 
 
+class CapacitySummary(Base):
+    """Derived, kept by the repository: per configuration and class, the statistics of the
+    capacities of its valid finished runs, so history questions over all time read one row per
+    configuration instead of aggregating every run (`Store.rebuild_capacity_summaries` rebuilds
+    it from the runs if they were edited outside the Store)."""
+
+    __tablename__ = "capacity_summaries"
+
+    config_id: Mapped[int] = mapped_column(
+        sa.BigInteger, sa.ForeignKey("deployment_configs.id", ondelete=CASCADE), primary_key=True
+    )
+    class_name: Mapped[str] = mapped_column(sa.String(60), primary_key=True)
+    runs: Mapped[int] = mapped_column(sa.Integer)
+    median: Mapped[float] = mapped_column(sa.Double)
+    p25: Mapped[float] = mapped_column(sa.Double)
+    p75: Mapped[float] = mapped_column(sa.Double)
+    min: Mapped[float] = mapped_column(sa.Double)
+    max: Mapped[float] = mapped_column(sa.Double)
+    last_measured: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 REQUEST_COLUMNS: tuple[str, ...] = tuple(c.name for c in Request.__table__.columns)

@@ -97,6 +97,34 @@ def test_filters_return_exactly_what_was_stored(seeded) -> None:
     assert store.capacity_by_config(engine_version="v0.12.0").empty
 
 
+def test_all_time_summaries_equal_the_live_aggregate(seeded) -> None:
+    store, configs = seeded
+    summary = store.capacity_by_config()  # read from the summaries kept by the repository
+    live = store.capacity_by_config(since_days=10_000)  # aggregated from every run
+    assert len(summary) == 8
+    assert summary.to_dict("records") == live.to_dict("records")
+    # a run that turns invalid, a capacity re-recorded, an experiment deleted: summaries follow
+    run = store.runs(store.get_experiment("h100-1").id)[0]
+    store.finish_run(run.id, "done", valid=False, invalid_reason="stalls")
+    store.record_capacity(store.runs(store.get_experiment("h200-1").id)[0].id, "interactive", 50.0, 1.0, 0.9, 4)
+    store.delete_experiment(store.get_experiment("h200-fp8-1").id)
+    after = store.capacity_by_config()
+    assert after.to_dict("records") == store.capacity_by_config(since_days=10_000).to_dict("records")
+    assert configs["h200-fp8"] not in set(after["config_id"])
+    h100 = after[(after["config_id"] == configs["h100"]) & (after["class"] == "interactive")].iloc[0]
+    assert h100["runs"] == 3
+
+
+def test_summaries_can_be_rebuilt_after_edits_outside_the_store(seeded) -> None:
+    store, configs = seeded
+    before = store.capacity_by_config().to_dict("records")
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("update runs set valid = false where config_id = :c"), {"c": configs["h100"]})
+    assert store.capacity_by_config().to_dict("records") == before  # stale until rebuilt
+    assert store.rebuild_capacity_summaries() == 6
+    assert configs["h100"] not in set(store.capacity_by_config()["config_id"])
+
+
 def test_since_keeps_only_recent_runs(seeded) -> None:
     store, configs = seeded
     with store.engine.begin() as conn:  # two of h200's four blocks were measured 100 days ago

@@ -23,7 +23,7 @@ from orchestrator.store.models import Base
 
 TABLES = {
     "plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
-    "guard_results", "capacities", "bar_verdicts", "metric_samples",
+    "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries",
 }
 
 
@@ -57,6 +57,35 @@ def test_upgrade_then_downgrade_then_upgrade(db_url: str) -> None:
     assert not TABLES & set(sa.inspect(engine).get_table_names())
     upgrade(engine)  # downgrade left nothing behind that blocks a fresh upgrade (triggers, functions)
     assert set(sa.inspect(engine).get_table_names()) >= TABLES
+    engine.dispose()
+
+
+def test_upgrade_to_summaries_summarises_existing_history(db_url: str) -> None:
+    """0002 on a database that already holds runs: the summaries equal the live aggregate."""
+    from orchestrator.plan import load_plan_file
+    from orchestrator.store import Store
+
+    engine = create_engine(db_url)
+    upgrade(engine, "0001")
+    plan = load_plan_file(MIGRATIONS_DIR.parent / "examples" / "quickstart.yaml")
+    store = Store(engine)  # at 0001: write runs with plain SQL, as an older orchestrator did
+    reg = store.register_plan(plan)
+    exp = store.create_experiment(reg.id)
+    cfg = store.deployment_config(plan, "A")
+    with engine.begin() as conn:
+        for i, (cap, valid) in enumerate([(100.0, True), (300.0, True), (200.0, True), (9e9, False)]):
+            run = conn.execute(sa.text(
+                "insert into runs (experiment_id, config_id, arm, block, position, attempt, status, valid, "
+                "started_at, finished_at) values (:e, :c, 'A', :b, 0, 0, 'done', :v, :t, :t) returning id"),
+                {"e": exp, "c": cfg, "b": i, "v": valid, "t": f"2026-01-0{i + 1} 10:00:00"}).scalar_one()
+            conn.execute(sa.text("insert into capacities (run_id, class_name, capacity, points_used) "
+                                 "values (:r, 'interactive', :cap, 5)"), {"r": run, "cap": cap})
+    upgrade(engine)
+    summary = store.capacity_by_config()
+    live = store.capacity_by_config(since_days=10_000)
+    assert summary.to_dict("records") == live.to_dict("records")
+    assert (summary.loc[0, "runs"], summary.loc[0, "median"], summary.loc[0, "max"]) == (3, 200.0, 300.0)
+    assert summary.loc[0, "last_measured"].day == 3
     engine.dispose()
 
 

@@ -1,0 +1,228 @@
+"""Store benchmark: a synthetic history of >= 10 million request rows and 50,000 runs in
+PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of the capacity queries.
+
+    .venv/bin/python benchmarks/store_bench.py [--requests 10000000] [--runs 50000]
+
+Uses ORCH_BENCH_DATABASE_URL (an empty PostgreSQL database) if set, else starts a private
+PostgreSQL cluster in a temporary folder (as the tests do: fsync off), and removes it after.
+Not part of `make test`; it prints figures (targets: ingest >= 200,000 rows/s, every capacity
+query p95 < 100 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import sqlalchemy as sa  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
+
+from orchestrator.plan import load_plan_file  # noqa: E402
+from orchestrator.records import RequestRecord  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+from orchestrator.store.models import (  # noqa: E402
+    Capacity,
+    DeploymentConfig,
+    Experiment,
+    LoadPoint,
+    Request,
+    Run,
+)
+from orchestrator.store.types import utcnow  # noqa: E402
+
+CLASSES = ("interactive", "standard", "agent")
+MODELS = ("qwen3-8b", "llama-3.1-70b", "qwen3-30b-a3b")
+GPUS = ("H100-PCIe", "H100-SXM", "H200")
+
+
+def point_records(n: int, seed: int) -> list[RequestRecord]:
+    """One point's worth of realistic records (reused for every point: ids repeat per point)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        sched = 1.7e9 + i / 16 + rng.random() * 1e-3
+        ok = rng.random() > 0.02
+        first = sched + 0.05 + rng.random() * 0.3 if ok else None
+        out.append(RequestRecord(
+            request_id=i, conversation_id=rng.randrange(2000), turn=rng.randrange(4), phase="measure",
+            scheduled_s=sched, sent_s=sched + rng.random() * 1e-3, first_token_s=first,
+            last_token_s=first + 2.5 if first else None, prompt_tokens=rng.randrange(500, 6000),
+            output_tokens_asked=256, output_tokens=256 if ok else None, cached_tokens=rng.randrange(3000),
+            chunks=256 if ok else 0, max_gap_s=0.02 if ok else None, status="ok" if ok else "timeout",
+            http_status=200 if ok else None, error=None if ok else "timeout after 30 s",
+            prompt_hash=f"{rng.getrandbits(128):032x}", output_hash=f"{rng.getrandbits(64):016x}",
+        ))
+    return out
+
+
+def seed_history(store: Store, runs: int, points: int) -> list[int]:
+    """Configurations, experiments, runs (5% invalid), three capacities per run, load points."""
+    rng = random.Random(1)
+    plan = load_plan_file(ROOT / "examples" / "quickstart.yaml")
+    reg = store.register_plan(plan)
+    now = utcnow()
+    configs = []
+    for m in MODELS:
+        for g in GPUS:
+            for layout in ("colocated", "disaggregated"):
+                for kv in ("auto", "fp8"):
+                    for seqs in (64, 128, 256, 512):
+                        for router in ("round_robin", "cache_aware"):
+                            configs.append(dict(
+                                config_sha256=f"{len(configs):064x}", label=f"{g} {layout} kv={kv} seqs={seqs} {router}",
+                                model=m, gpu=g, layout=layout, gpus=4, tp=1, replicas=4 if layout == "colocated" else None,
+                                kv_cache_dtype=kv, quantization="none", max_num_seqs=seqs, max_num_batched_tokens=8192,
+                                prefix_caching=True, router_policy=router, engine_version=rng.choice(("v0.10.2", "v0.11.0")),
+                                config={"synthetic": True}, created_at=now,
+                            ))
+    per_exp = 100
+    with Session(store.engine) as s, s.begin():
+        s.execute(sa.insert(DeploymentConfig), configs)
+        config_ids = s.scalars(sa.select(DeploymentConfig.id).order_by(DeploymentConfig.id)).all()
+        s.execute(sa.insert(Experiment), [
+            dict(name=f"bench-{e}", registration_id=reg.id, status="done", created_at=now)
+            for e in range(runs // per_exp)])
+        exp_ids = s.scalars(sa.select(Experiment.id).order_by(Experiment.id)).all()
+        run_rows = []
+        for i in range(runs):
+            finished = now - timedelta(days=rng.random() * 365)
+            run_rows.append(dict(
+                experiment_id=exp_ids[i // per_exp], config_id=rng.choice(config_ids), arm="AB"[i % 2],
+                block=(i % per_exp) // 2, position=i % 2, attempt=0, status="done",
+                valid=rng.random() > 0.05, started_at=finished - timedelta(minutes=20), finished_at=finished,
+                engine_version="v0.11.0", gpu_type="H200",
+            ))
+        s.execute(sa.insert(Run), run_rows)
+        run_ids = s.scalars(sa.select(Run.id).order_by(Run.id)).all()
+        s.execute(sa.insert(Capacity), [
+            dict(run_id=r, class_name=c, capacity=rng.lognormvariate(8, 0.5), at_rate=4.0, attainment=0.92, points_used=6)
+            for r in run_ids for c in CLASSES])
+        s.execute(sa.insert(LoadPoint), [
+            dict(run_id=run_ids[i % len(run_ids)], seq=i // len(run_ids), offered_rate=16.0, window_start_s=0.0,
+                 window_end_s=120.0, per_class={}, percentiles={}, valid=True, created_at=now)
+            for i in range(points)])
+        point_ids = s.scalars(sa.select(LoadPoint.id).order_by(LoadPoint.id)).all()
+    return list(point_ids)
+
+
+def bench_copy(store: Store, point_ids: list[int], records: list[RequestRecord], total: int) -> float:
+    done, elapsed, last_report = 0, 0.0, time.perf_counter()
+    for pid in point_ids:
+        if done >= total:
+            break
+        t0 = time.perf_counter()
+        done += store.ingest_requests(pid, records)
+        elapsed += time.perf_counter() - t0
+        if time.perf_counter() - last_report > 15:
+            print(f"  ... {done:,} rows, {done / elapsed:,.0f} rows/s", flush=True)
+            last_report = time.perf_counter()
+    print(f"  COPY: {done:,} rows in {elapsed:.1f} s", flush=True)
+    return done / elapsed
+
+
+def bench_orm(store: Store, point_id: int, records: list[RequestRecord]) -> tuple[float, float]:
+    """ORM unit-of-work inserts, and SQLAlchemy Core executemany, of the same records."""
+    t0 = time.perf_counter()
+    with Session(store.engine) as s, s.begin():
+        s.add_all(Request(point_id=point_id, **r.to_dict()) for r in records)
+    orm = len(records) / (time.perf_counter() - t0)
+    with store.engine.begin() as conn:
+        conn.execute(sa.delete(Request).where(Request.point_id == point_id))
+    t0 = time.perf_counter()
+    with store.engine.begin() as conn:
+        conn.execute(sa.insert(Request), [dict(point_id=point_id, **r.to_dict()) for r in records])
+    core = len(records) / (time.perf_counter() - t0)
+    return orm, core
+
+
+def latency(fn: Callable[[], object], repeat: int) -> tuple[float, float, int]:
+    fn()  # warm the plan cache and the buffer cache
+    times, rows = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - t0) * 1000)
+        rows = len(out)  # type: ignore[arg-type]
+    times.sort()
+    return statistics.median(times), times[max(0, int(round(0.95 * len(times))) - 1)], rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=10_000_000)
+    ap.add_argument("--runs", type=int, default=50_000)
+    ap.add_argument("--per-point", type=int, default=2000, help="records per ingest call (one point)")
+    ap.add_argument("--orm-rows", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=40)
+    args = ap.parse_args()
+
+    url = os.environ.get("ORCH_BENCH_DATABASE_URL")
+    pg = None
+    if not url:
+        from tests.support import postgres
+
+        bindir = postgres.find_bindir()
+        if bindir is None:
+            print("PostgreSQL server binaries not found; set ORCH_BENCH_DATABASE_URL", file=sys.stderr)
+            return 2
+        pg = postgres.start(bindir)
+        url = pg.url(pg.create_database())
+    try:
+        store = Store.open(url)
+        points = -(-args.requests // args.per_point) + 1
+        t0 = time.perf_counter()
+        point_ids = seed_history(store, args.runs, points)
+        print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities, {points:,} points "
+              f"in {time.perf_counter() - t0:.1f} s", flush=True)
+        records = point_records(args.per_point, seed=2)
+        copy_rate = bench_copy(store, point_ids[1:], records, args.requests)
+        orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
+                                        else point_records(args.orm_rows, seed=3))
+        with store.engine.connect() as conn:
+            n_req = conn.execute(sa.text("select count(*) from requests")).scalar_one()
+            n_runs = conn.execute(sa.text("select count(*) from runs")).scalar_one()
+            conn.execute(sa.text("analyze"))
+            conn.commit()
+        print(f"\nhistory: {n_req:,} request rows, {n_runs:,} runs")
+        print("\ningest, rows/s (same records)")
+        print(f"  COPY (store.ingest_requests, {args.per_point}/call): {copy_rate:>12,.0f}   target >= 200,000")
+        print(f"  ORM add_all + commit:                    {orm_rate:>12,.0f}   ({copy_rate / orm_rate:.0f}x slower)")
+        print(f"  Core executemany (insertmanyvalues):      {core_rate:>12,.0f}   ({copy_rate / core_rate:.1f}x slower)")
+
+        some_config = int(store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="agent").iloc[0]["config_id"])
+        queries: dict[str, Callable[[], object]] = {
+            "capacity_by_config (no filter)": lambda: store.capacity_by_config(),
+            "capacity_by_config model+gpu+class": lambda: store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="interactive"),
+            "capacity_by_config layout+since 90d": lambda: store.capacity_by_config(layout="disaggregated", since_days=90),
+            "capacity_by_config kv+seqs+class": lambda: store.capacity_by_config(kv_cache_dtype="fp8", max_num_seqs=256, service_class="agent"),
+            "capacity_per_gpu class": lambda: store.capacity_per_gpu(service_class="standard"),
+            "best_config class+gpu": lambda: store.best_config("interactive", gpu="H100-SXM", top=3),
+            "config_trend config+class": lambda: store.config_trend(some_config, "agent"),
+        }
+        print(f"\ncapacity queries, ms over {args.repeat} repeats (target p95 < 100)")
+        print(f"  {'query':<40} {'p50':>8} {'p95':>8} {'rows':>6}")
+        worst = 0.0
+        for name, fn in queries.items():
+            p50, p95, rows = latency(fn, args.repeat)
+            worst = max(worst, p95)
+            print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
+        print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s")
+        store.close()
+    finally:
+        if pg is not None:
+            pg.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
