@@ -1,4 +1,5 @@
-"""`orch sim serve`: a real-time simulated vLLM worker (or a whole arm) on loopback."""
+"""`orch sim serve`: a real-time simulated vLLM worker (or a whole arm) on loopback;
+`orch plan simulate`: the virtual-time dry run of a plan."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.cli.apps import sim_app
+from orchestrator.cli.apps import JSON_OPTION, plan_app, sim_app
+from orchestrator.cli.output import emit_json, say, warn
 from orchestrator.errors import UserError
 from orchestrator.plan import MODELS, EngineConfig, RouterConfig, gpu, load_plan_file
 from orchestrator.sim.engine import ClusterSpec, cluster_for_arm
@@ -116,3 +118,40 @@ async def _serve(config: ServeConfig, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+@plan_app.command("simulate")
+def simulate(
+    plan_file: Path = typer.Argument(..., help="Plan file (YAML)."),
+    as_json: bool = JSON_OPTION,
+    replications: int = typer.Option(200, "--replications", min=1, help="Simulated designs for the power."),
+    seed: int = typer.Option(None, "--seed", help="Seed of the dry run (default: the plan's design seed)."),
+) -> None:
+    """Dry run in virtual time: predicted capacity per arm and class, verdicts, power, GPU-hours."""
+    from orchestrator.control.dryrun import simulate_plan
+
+    plan = load_plan_file(plan_file)
+    if plan.workload.arrival is None:
+        raise UserError("plan simulate searches capacity, which comes from open-loop runs only; "
+                        "this workload is closed loop (workload.closed)")
+    result = simulate_plan(plan, replications=replications, seed=seed)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    for note in result.notes:
+        warn(note)
+    say(f"{result.plan}: dry run in virtual time (seed {result.seed}, {result.elapsed_s:.1f} s)")
+    for name, arm in result.arms.items():
+        say(f"arm {name} ({arm.layout}, {arm.gpus} GPU): {arm.points_per_run} points per run")
+        for cls, p in arm.classes.items():
+            rate = f"{p.at_rate:.3g} req/s" if p.at_rate is not None else "no passing rate"
+            say(f"  {cls:<12} capacity {p.capacity_tok_s:9.0f} tok/s at {rate}"
+                + (f" (censored {p.censored})" if p.censored != "none" else ""))
+    for b in result.bars:
+        j = b.judgement
+        say(f"bar {b.id}: predicted {j.verdict}, B/A {j.estimate:.3f} [{j.lower:.3f}, {j.upper:.3f}] over "
+            f"{j.n} blocks ({b.direction} {b.threshold:g}); power {b.power:.0%}"
+            + (f"; {b.blocks_for_power} blocks for 80% power" if b.blocks_for_power else ""))
+    say(f"GPU-hours: {result.gpu_hours:.2f} ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in result.gpu_hours_per_arm.items())
+        + f"), wall {result.wall_hours:.2f} h")

@@ -8,8 +8,8 @@ points a real run would measure.
 
 Run-to-run noise: a run's efficiency is drawn as exp(N(0, noise)) (``plan.sim.noise``; a dry
 run uses ``DRY_RUN_NOISE`` when the plan's is 0, and says so). The searches are repeated at
-efficiencies exp(+-NOISE_GRID x noise), and a run's capacity at any efficiency is read off the
-log-log line through those searches. The plan's blocks are then replayed with a seeded draw per
+a lower efficiency (exp(-max(NOISE_GRID x noise, MIN_GRID_STEP))), and a run's capacity at any
+efficiency is read off the log-log line through the two (its slope: the capacity's elasticity). The plan's blocks are then replayed with a seeded draw per
 (block, arm) and judged with Holm's correction (the predicted verdict), and ``replications``
 further draws of the whole design give the power: the share that ACCEPT. Modelled spread: the
 efficiency jitter (and the search's own discreteness, through the grid); not modelled: arrival
@@ -39,17 +39,24 @@ from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
 # Efficiency jitter (sigma of its log) a dry run assumes when the plan sets none: a few percent
 # run to run is what repeated vLLM benchmarks on one node show. Not in the seed notes.
 DRY_RUN_NOISE = 0.03
-# The efficiency grid of the noise model: searches at exp(+-NOISE_GRID x sigma) and at 1.
+# The efficiency grid of the noise model: searches at 1 and at exp(-max(NOISE_GRID x sigma,
+# MIN_GRID_STEP)); the step is kept well above the search precision so the slope is measurable.
 NOISE_GRID = 2.0
+MIN_GRID_STEP = 0.10
 # Time to deploy an arm and see it ready on a GPU node (image cached, 8B-class weights loaded
 # from a local cache, CUDA graphs captured): a few minutes. An assumption, printed with the
 # GPU-hours. The executor's ready deadline (180 s) is the same order.
 DEPLOY_S = 240.0
 # Virtual points shorter than the plan's: enough requests for an attainment estimate, fast
-# enough for a whole design in seconds. (Longer points only reduce sampling noise.)
+# enough for a whole design in seconds. (Longer points only reduce sampling noise.) The window
+# also shrinks at high rates to hold about MAX_MEASURED requests, never under MIN_MEASURE_S.
 DRY_MEASURE_S = 30.0
-DRY_WARMUP_S = 10.0
+DRY_WARMUP_S = 5.0
+MAX_MEASURED = 300
+MIN_MEASURE_S = 5.0
 DRY_COOLDOWN_S = 2.0
+# The dry run's search precision at the finest: the virtual points' sampling noise is larger.
+DRY_PRECISION = 0.03
 # The priors of a real-time run need less: a rate near the knee.
 PRIOR_MEASURE_S = 20.0
 PRIOR_WARMUP_S = 5.0
@@ -105,6 +112,8 @@ class ArmSimulator:
                 return m
         w, plan = self.windows, self.plan
         seed = derive_seed(self.seed, "dry-run", f"{rate:.6g}")
+        measure_s = min(w.measure_s, max(MIN_MEASURE_S, MAX_MEASURED / rate))
+        w = DryWindows(measure_s, w.warmup_s, w.cooldown_s, w.precision)
         total = w.warmup_s + w.measure_s + w.cooldown_s
         assert plan.workload.arrival is not None
         offsets = open_loop_offsets(plan.workload.arrival, rate, total, seed)
@@ -282,11 +291,12 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) 
         sigma, source = DRY_RUN_NOISE, "dry-run default"
         notes.append(f"sim.noise is 0 in the plan: the dry run assumes run-to-run efficiency jitter of "
                      f"{DRY_RUN_NOISE:.0%} (sigma of its log) to estimate verdict intervals and power")
-    windows = DryWindows.for_plan(plan, DRY_MEASURE_S, DRY_WARMUP_S, DRY_COOLDOWN_S)
+    windows = DryWindows.for_plan(plan, DRY_MEASURE_S, DRY_WARMUP_S, DRY_COOLDOWN_S,
+                                  max(plan.search.precision, DRY_PRECISION))
     if windows.measure_s < plan.search.point_s:
         notes.append(f"virtual points measure {windows.measure_s:g} s after {windows.warmup_s:g} s of "
                      f"warm-up (the plan's: {plan.search.point_s:g} s after {plan.search.warmup_s:g} s)")
-    grid = (math.exp(-NOISE_GRID * sigma), 1.0, math.exp(NOISE_GRID * sigma))
+    grid = (math.exp(-max(NOISE_GRID * sigma, MIN_GRID_STEP)), 1.0)
     bar_rates = sorted({b.rate for b in plan.bars if b.rate is not None})
     arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates) for name in plan.arms}
 

@@ -30,6 +30,66 @@ def block_hashes(words: Sequence[str]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _extend_hashes(parent: int, words: Sequence[str], out: list[int]) -> int:
+    """Hash the full blocks of ``words`` after ``parent`` into ``out``; returns the words used."""
+    n = len(words) - len(words) % BLOCK_TOKENS
+    for i in range(0, n, BLOCK_TOKENS):
+        parent = hash((parent, *words[i : i + BLOCK_TOKENS]))
+        out.append(parent)
+    return n
+
+
+class PromptHasher:
+    """``block_hashes`` of prompt texts, reusing the work done for a known beginning.
+
+    A multi-turn prompt is the previous turn's prompt plus new words, and every first turn
+    starts with the shared system prompt: hashing (and splitting) only what is new makes the
+    cost per request proportional to its new words, not its whole history (the virtual
+    engine's hot path). The hashes are exactly ``block_hashes(text.split())``: a remembered
+    text is reused only when the new text starts with it and a word boundary follows.
+    """
+
+    def __init__(self) -> None:
+        # key -> (text, hashes of its full blocks, its words after the last full block)
+        self._known: dict[object, tuple[str, tuple[int, ...], list[str]]] = {}
+
+    def hashes(self, text: str, keys: Sequence[object] = (), remember: object = None,
+               shared_words: int = 0) -> tuple[int, ...]:
+        """Block hashes of ``text``; ``keys`` name remembered texts that may start it (tried in
+        order), ``remember`` stores this text under a key, ``shared_words`` > 0 also stores its
+        first words under the key "shared" (the system prompt every request starts with)."""
+        base: tuple[str, tuple[int, ...], list[str]] | None = None
+        for k in keys:
+            known = self._known.get(k)
+            if known is not None and text.startswith(known[0]) and (
+                len(text) == len(known[0]) or text[len(known[0])].isspace()
+            ):
+                base = known
+                break
+        if base is None:
+            words = text.split()
+            if shared_words >= BLOCK_TOKENS and "shared" not in self._known:
+                head = words[:shared_words]
+                out: list[int] = []
+                used = _extend_hashes(0, head, out)
+                self._known["shared"] = (" ".join(head), tuple(out), head[used:])
+            hashes = block_hashes(words)
+            rest = words[len(hashes) * BLOCK_TOKENS :]
+        else:
+            prev_text, prev_hashes, prev_rest = base
+            tail = prev_rest + text[len(prev_text) :].split()
+            out = list(prev_hashes)
+            used = _extend_hashes(prev_hashes[-1] if prev_hashes else 0, tail, out)
+            hashes, rest = tuple(out), tail[used:]
+        if remember is not None:
+            self._known[remember] = (text, hashes, rest)
+        return hashes
+
+    def forget(self, key: object) -> None:
+        """Drop a remembered text (a conversation that will not return)."""
+        self._known.pop(key, None)
+
+
 class KVMemory:
     """Token-level KV accounting with a prefix cache of hashed blocks."""
 

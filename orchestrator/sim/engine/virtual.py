@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from orchestrator.records import RequestRecord
-from orchestrator.sim.engine.cache import block_hashes
+from orchestrator.sim.engine.cache import PromptHasher
 from orchestrator.sim.engine.cluster import ClusterSpec
 from orchestrator.sim.engine.routing import Router
 from orchestrator.sim.engine.worker import Sequence as Seq
@@ -111,6 +111,7 @@ class _Run:
         self.events: list[tuple[float, int, int, int]] = []
         self.n_ev = 0
         self.hashes: dict[int, tuple[int, ...]] = {}
+        self.hasher = PromptHasher()
         self.records: dict[int, RequestRecord] = {}
         self.front_seq: dict[int, Seq] = {}
         self.outstanding = 0
@@ -123,7 +124,12 @@ class _Run:
     def hashes_of(self, i: int) -> tuple[int, ...]:
         h = self.hashes.get(i)
         if h is None:
-            h = block_hashes(self.requests[i].prompt.split())
+            r = self.requests[i]
+            # A conversation's turn extends its previous turn; first turns share the system
+            # prompt: hash only the new words (identical hashes, a fraction of the cost).
+            conv = ("conversation", r.conversation_id)
+            h = self.hasher.hashes(r.prompt, keys=(conv, "shared"), remember=conv,
+                                   shared_words=getattr(r, "shared_prefix_tokens", 0))
             self.hashes[i] = h
         return h
 
