@@ -208,3 +208,57 @@ def status(
                 say(f"  block {r['block']} arm {r['arm']} attempt {r['attempt']}: {r['status']}"
                     + ("" if r["valid"] or r["status"] == "running" else f" INVALID: {r['reason']}"))
     sys.stdout.flush()
+
+
+@app.command("submit")
+def submit(
+    file: Path = typer.Argument(..., help="Plan file (YAML)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS)."),
+    name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Queue the plan on the cluster's Ray controller; it starts when its GPUs are free."""
+    import ray
+
+    from orchestrator.control.controller import connect, controller
+    from orchestrator.control.session import state_dir
+    from orchestrator.errors import EnvironmentProblem
+    from orchestrator.store.database import default_url
+
+    plan = load_plan_file(file)
+    connect(address)
+    try:
+        ctl = controller(default_url(), str(state_dir()))
+        res = ray.get(ctl.submit.remote(plan.model_dump(mode="json", by_alias=True), name))
+    finally:
+        ray.shutdown()
+    if "error" in res:
+        raise EnvironmentProblem(res["error"])
+    if as_json:
+        emit_json(res)
+        return
+    say(f"queued experiment {res['name']} (id {res['experiment_id']}), needs GPUs {res['gpus']}; "
+        f"`orch status {res['name']}` follows it")
+
+
+@app.command("cancel")
+def cancel(
+    experiment: str = typer.Argument(..., help="Experiment name or id."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS)."),
+) -> None:
+    """Cancel a queued or running experiment on the Ray controller (its records are kept)."""
+    import ray
+
+    from orchestrator.control.controller import connect, controller
+    from orchestrator.control.session import state_dir
+    from orchestrator.store import Store
+    from orchestrator.store.database import default_url
+
+    with Store.open() as store:
+        exp = store.get_experiment(experiment)
+    connect(address)
+    try:
+        stopped = ray.get(controller(default_url(), str(state_dir())).cancel.remote(exp.id))
+    finally:
+        ray.shutdown()
+    say(f"experiment {exp.name}: cancelled" + ("" if stopped else " (it was not running on this controller)"))

@@ -124,10 +124,18 @@ class Controller:
         return out
 
     def cancel(self, experiment_id: int) -> bool:
+        from pathlib import Path
+
+        from orchestrator.control.session import make_backend
+
         ref = self.tasks.pop(experiment_id, None)
         if ref is not None:
             ray.cancel(ref, force=True)
         self.store.set_experiment_status(experiment_id, "cancelled")
+        exp = self.store.get_experiment(experiment_id)
+        plan = plan_from_canonical(self.store.get_registration(exp.registration_id).canonical_json)
+        # The killed task's engines run in their own sessions: stop them by the run state.
+        make_backend(plan.backend, Path(self.state_root)).cleanup(exp.name)
         return ref is not None
 
     def pools(self) -> dict[str, dict[str, float]]:

@@ -79,6 +79,7 @@ class Executor:
         self.config = config
         self.progress = progress or PlainProgress()
         self.session = session or f"{socket.gethostname()}:{os.getpid()}"
+        self._measured: dict[tuple[int, float], int] = {}  # (run, rate) -> times measured
 
     # -- experiment lifecycle -----------------------------------------------------------------
     def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[object, int, bool]:
@@ -246,7 +247,10 @@ class Executor:
                              f"ceiling {ceiling:.3g} req/s: use Ray shards (orch submit) or lower search.rate.max")
         self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
                                     plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
-        p = runner.measure(dep, run_id, arm, block, len(points), rate, cls)
+        seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
+        repeat = self._measured.get((run_id, rate), 0)
+        self._measured[(run_id, rate)] = repeat + 1
+        p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat)
         points[rate] = p
         att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
         self.progress.point_done(f"{rate:.3g} req/s: attainment {att}" + ("" if p.valid else "  [guard failed]"))

@@ -102,10 +102,10 @@ class PointRunner:
 
     def measure(
         self, dep: Deployment, run_id: int, arm: str, block: int, seq: int, rate: float,
-        search_class: str | None,
+        search_class: str | None, repeat: int = 0,
     ) -> PointOutcome:
         plan, s = self.plan, self.plan.search
-        seed = point_seed(plan.design.seed, block, rate)
+        seed = point_seed(plan.design.seed, block, rate, repeat)
         duration = s.warmup_s + s.point_s + s.cooldown_s
         assert plan.workload.arrival is not None
         offsets = open_loop_offsets(plan.workload.arrival, rate, duration, seed)

@@ -181,6 +181,22 @@ def test_steady_state_ignores_poisson_unevenness_of_arrivals() -> None:
     assert g.passed, g.detail
 
 
+def test_steady_state_allows_sampling_noise_of_a_short_point() -> None:
+    # Thirds of four requests each; one slow request in the first third is noise, not drift.
+    recs = [rec(i, rate=1.2, ttft=2.0 if i == 0 else 0.2) for i in range(12)]
+    g = steady_state(recs, TH, STD, 10.0)
+    assert g.passed, g.detail
+
+
+def test_steady_state_accepts_a_point_overloaded_from_the_start() -> None:
+    # Every request misses in both thirds, but the first third is still fully served.
+    recs = [rec(i, ttft=3.0 + (0.0 if i < 50 else 0.1 * i)) for i in range(100)]
+    recs = [r if i < 50 else dataclasses.replace(r, status="cancelled", last_token_s=None)
+            for i, r in enumerate(recs)]
+    g = steady_state(recs, TH, STD, 10.0)
+    assert g.passed and "overloaded" in g.detail, g.detail
+
+
 def test_steady_state_accepts_an_overloaded_point_as_a_valid_fail() -> None:
     recs = [rec(i, ttft=0.2 + 0.05 * i) for i in range(100)]  # the queue grows
     g = steady_state(recs, TH, STD, 10.0)

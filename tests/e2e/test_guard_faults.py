@@ -1,0 +1,39 @@
+"""Each injected fault of the sim server fails the run with the guard named for it; the retry
+(without the fault) is valid and the experiment completes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.helpers import run_in_process, small_plan
+
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--fault-ignore-max-tokens"], "output_limit"),
+        (["--fault-frozen-output"], "frozen_randomness"),
+        (["--fault-stall-every", "5", "--fault-stall-ms", "700"], "stalls"),
+        (["--fault-die-after", "10"], "server"),
+    ],
+    ids=["ignored-max-tokens", "frozen-output", "stalls", "death-mid-point"],
+)
+def test_fault_fails_the_run_with_its_guard(store, state, flags: list[str], expected: str) -> None:
+    plan = small_plan(name=f"e2e-fault-{expected}")
+    out = run_in_process(store, plan, state, faults={("A", 0, 0): flags})
+    runs = {(r.arm, r.attempt): r for r in store.runs(out.experiment_id)}
+    first = runs[("A", 0)]
+    assert first.status == "failed" and first.valid is False
+    assert expected in (first.invalid_reason or ""), first.invalid_reason
+    retry = runs[("A", 1)]
+    assert retry.status == "done" and retry.valid, retry.invalid_reason
+    assert runs[("B", 0)].valid
+    # The failed run's records are kept, not dropped.
+    failed_guards = [g for g in store.guard_results(first.id) if not g.passed]
+    if expected != "server":
+        assert any(g.name == expected for g in failed_guards), failed_guards
+    pts = store.points(first.id)
+    assert len(pts) >= 1 and sum(len(store.requests(int(pid))) for pid in pts.id) > 0
+    assert out.complete
