@@ -3,7 +3,6 @@ spool file and are flushed, in order, once the database answers again. Nothing i
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -27,7 +26,7 @@ OUTAGE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
 class SpoolingSink:
     """Ingests batches of a point's records; spools to ``spool_dir`` while the store is down.
 
-    Called from the load generator's event loop: the write runs in a worker thread so a slow
+    A plain (sync) callable: the load generator runs sync sinks in a worker thread, so a slow
     database never delays a scheduled send.
     """
 
@@ -39,8 +38,8 @@ class SpoolingSink:
         self.spooled_batches = 0
         self._lock = threading.Lock()
 
-    async def __call__(self, batch: list[RequestRecord]) -> None:
-        await asyncio.to_thread(self.write, list(batch))
+    def __call__(self, batch: list[RequestRecord]) -> None:
+        self.write(list(batch))
 
     def write(self, batch: Sequence[RequestRecord]) -> None:
         with self._lock:
