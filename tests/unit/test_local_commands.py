@@ -187,3 +187,9 @@ def test_fingerprint_names_engine_torch_and_device(tmp_path: Path) -> None:
     assert fp["engine_version"] == "0.32.0" and fp["torch_version"] == "2.13.0"
     assert fp["device"] == "cpu" and fp["device_name"] == "Xeon" and fp["gpu_type"] == "cpu"
     assert fp["kv_connector"] == "ExampleConnector" and fp["topology"].endswith("P/D")
+
+
+def test_local_backend_implements_the_backend_protocol(tmp_path: Path) -> None:
+    from orchestrator.backends.base import Backend
+
+    assert isinstance(LocalBackend(tmp_path, settings=SETTINGS, device=Device(kind="cpu")), Backend)
