@@ -4,7 +4,7 @@ A user with one GPU box and no Kubernetes runs ``backend: local``; on a machine 
 the same code runs vLLM's CPU build (``make vllm``) with the tiny model, so the whole pipeline
 is proven against the real engine.
 
-What an arm becomes (``render_arm``, pure and golden-tested):
+What an arm becomes (``local_commands.render_arm``, pure and golden-tested):
 - one ``vllm serve`` process per worker. On a GPU box each gets ``CUDA_VISIBLE_DEVICES`` with
   its TP-many GPUs (prefill pool first, then decode); on CPU, ``VLLM_CPU_KVCACHE_SPACE`` sizes
   the KV cache. The GPU form is the ``vllm`` console entry point's module
@@ -17,9 +17,10 @@ What an arm becomes (``render_arm``, pure and golden-tested):
   (``--vllm-pd-disaggregation``: prefill with max_tokens 1, then decode). Retries and the
   circuit breaker are off: a retried request would hide a failure the guards must count.
 
-Every process runs in its own process group, logs to a file in the run's folder, carries
-``ORCH_RUN=<slug>`` in its environment, and is listed in a state file so ``cleanup`` finds the
-leftovers of a crashed controller.
+Every process runs in its own process group (teardown stops the whole group, so EngineCore
+and worker children go too), logs to a file in the run's folder (commands.txt beside them),
+carries ``ORCH_RUN=<slug>`` in its environment, and is listed in a state file so ``cleanup``
+finds the leftovers of a crashed controller.
 """
 
 from __future__ import annotations
@@ -31,368 +32,40 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
-from pydantic import Field
 
 from orchestrator.backends.base import Deployment, Endpoint, RunKey
-from orchestrator.backends.processes import (
-    ChildProcess,
-    StateFile,
-    free_port,
-    start_process,
+from orchestrator.backends.local_commands import (
+    HOST,
+    ArmLayout,
+    Device,
+    LocalSettings,
+    ProcessSpec,
+    engine_argv,
+    free_ports,
+    model_source,
+    render_arm,
+    router_argv,
+    sequential_ports,
+    served_name,
 )
-from orchestrator.backends.vllm_env import TINY_MODEL_ID, VllmEnv
+from orchestrator.backends.processes import ChildProcess, StateFile, start_process
 from orchestrator.errors import PermanentError, TransientError
-from orchestrator.plan import GPUS, Arm, Plan
-from orchestrator.plan.base import StrictModel
+from orchestrator.plan import Arm, Plan
 
-HOST = "127.0.0.1"
-ENGINE_MODULE_GPU = ("-m", "vllm.entrypoints.cli.main", "serve")  # what `vllm serve` runs
-ENGINE_MODULE_CPU = ("-m", "vllm.entrypoints.openai.api_server")
+__all__ = [
+    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "engine_argv",
+    "free_ports", "group_members", "model_source", "render_arm", "router_argv",
+    "sequential_ports", "served_name", "stop_group",
+]
+
 READY_PROMPT = "baba babe babi babo babu"
 READY_TOKENS = 4
-
-
-# -- where and how ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Device:
-    """What the engines run on: ``cuda`` with ``gpus`` GPUs named ``name``, or ``cpu``."""
-
-    kind: Literal["cuda", "cpu"]
-    gpus: int = 0
-    name: str = ""
-
-    @classmethod
-    def detect(cls) -> Device:
-        """GPUs as nvidia-smi lists them (respecting CUDA_VISIBLE_DEVICES), else the CPU."""
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            try:
-                out = subprocess.run(
-                    [smi, "--query-gpu=name", "--format=csv,noheader"],
-                    capture_output=True, text=True, timeout=20, check=True,
-                ).stdout
-                names = [n.strip() for n in out.splitlines() if n.strip()]
-                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-                if visible is not None:
-                    keep = [int(i) for i in visible.split(",") if i.strip().isdigit()]
-                    names = [names[i] for i in keep if i < len(names)]
-                if names:
-                    return cls(kind="cuda", gpus=len(names), name=names[0])
-            except (OSError, subprocess.SubprocessError, ValueError):
-                pass
-        return cls(kind="cpu", gpus=0, name=_cpu_name())
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "cpu"
-
-
-class LocalSettings(StrictModel):
-    """How the local backend starts engines; defaults fit the CPU environment of ``make vllm``."""
-
-    python: str = Field(description="Interpreter of the vLLM environment (runs the engines).")
-    router: str = Field(description="The vllm-router executable.")
-    model_path: str | None = Field(
-        default=None,
-        description="Weights folder or hub id served instead of the plan's model.hf_id "
-        f"(the plan's id {TINY_MODEL_ID!r} always means the tiny model of `make vllm`).",
-    )
-    tiny_model_dir: str | None = Field(default=None, description="Folder of the tiny model.")
-    cpu_kvcache_gib: int = Field(default=1, ge=1, description="CPU: KV cache size, GiB per engine.")
-    cpu_max_model_len: int = Field(
-        default=1024, ge=16, description="CPU: context length when the plan sets none."
-    )
-    router_startup_s: int = Field(
-        default=600, ge=1, description="How long the router waits for its workers to answer."
-    )
-    stop_grace_s: float = Field(
-        default=15.0, gt=0, description="Teardown: seconds between SIGTERM and SIGKILL."
-    )
-    check_version: bool = Field(
-        default=True, description="Refuse an arm whose engine.version differs from the installed vLLM."
-    )
-
-    @classmethod
-    def from_env(cls, env: VllmEnv | None = None, **over: Any) -> LocalSettings:
-        """Settings pointing at the vLLM environment built by ``make vllm`` (or ORCH_VLLM_PYTHON)."""
-        env = env or VllmEnv.default()
-        python = os.environ.get("ORCH_VLLM_PYTHON") or str(env.python)
-        router = _router_binary() or "vllm-router"
-        return cls(python=python, router=router, tiny_model_dir=str(env.model_dir), **over)
-
-
-def _router_binary() -> str | None:
-    beside = Path(sys.executable).parent / "vllm-router"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("vllm-router")
-
-
-# -- the command lines -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProcessSpec:
-    """One process to start: its name, role, command line, the variables it adds, its port."""
-
-    name: str  # worker-0, prefill-0, decode-1, router
-    role: Literal["worker", "prefill", "decode", "router"]
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-
-@dataclass(frozen=True)
-class ArmLayout:
-    """The processes of one arm and where load goes."""
-
-    engines: tuple[ProcessSpec, ...]
-    router: ProcessSpec
-    router_metrics_port: int
-    served_model: str
-    kv_connector: str | None  # the connector actually configured (None when colocated)
-    kv_dir: str | None  # ExampleConnector's shared storage folder
-
-    @property
-    def metrics_urls(self) -> tuple[str, ...]:
-        return (*(f"{e.url}/metrics" for e in self.engines),
-                f"http://{HOST}:{self.router_metrics_port}/metrics")
-
-    def describe(self) -> str:
-        """Human-readable text of every command line (the golden tests' format)."""
-        out: list[str] = []
-        for p in (*self.engines, self.router):
-            out.append(f"# {p.name} ({p.role}) port {p.port}")
-            out.extend(f"{k}={v}" for k, v in p.env)
-            out.append(_wrap(p.argv))
-            out.append("")
-        return "\n".join(out)
-
-
-def _wrap(argv: tuple[str, ...]) -> str:
-    """One argument per line, flags with their values, shell-quoted."""
-    import shlex
-
-    lines: list[str] = []
-    cur: list[str] = []
-    for a in argv:
-        if a.startswith("--") and cur:
-            lines.append(" ".join(shlex.quote(x) for x in cur))
-            cur = []
-        cur.append(a)
-    if cur:
-        lines.append(" ".join(shlex.quote(x) for x in cur))
-    return " \\\n    ".join(lines)
-
-
-def model_source(plan: Plan, settings: LocalSettings) -> str:
-    """What ``--model`` gets: the override, the tiny model, or the plan's hub id / path."""
-    if settings.model_path:
-        return settings.model_path
-    hf_id = plan.model.hf_id or plan.model.name
-    if hf_id == TINY_MODEL_ID:
-        if not settings.tiny_model_dir:
-            raise PermanentError(f"the plan serves {TINY_MODEL_ID} but no tiny model folder is set")
-        return settings.tiny_model_dir
-    return hf_id
-
-
-def served_name(plan: Plan) -> str:
-    """The ``model`` field requests carry (the same rule as the sim backend)."""
-    return plan.model.hf_id or plan.model.name
-
-
-def _connector_config(arm: Arm, role: str, device: Device, kv_dir: str) -> tuple[str, dict[str, Any]]:
-    """(connector name, --kv-transfer-config) of a prefill or decode worker."""
-    wanted = arm.kv_connector or "nixl"
-    if wanted == "lmcache":
-        if device.kind == "cpu":
-            raise PermanentError("kv_connector lmcache does not run on CPU (LMCache needs CUDA); "
-                                 "use nixl or example")
-        return "LMCacheConnectorV1", {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    if wanted == "nixl" and device.kind == "cuda":
-        return "NixlConnector", {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    # example, or nixl on CPU (NIXL has no CPU-to-CPU transport here): shared storage.
-    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
-    return "ExampleConnector", {
-        "kv_connector": "ExampleConnector",
-        "kv_role": kv_role,
-        "kv_connector_extra_config": {"shared_storage_path": kv_dir},
-    }
-
-
-def _speculative_config(arm: Arm) -> dict[str, Any] | None:
-    spec = arm.engine.speculative
-    if spec is None:
-        return None
-    cfg: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
-    if spec.method == "ngram":
-        cfg["prompt_lookup_max"] = 4
-        cfg["prompt_lookup_min"] = 2
-    if spec.draft_model:
-        cfg["model"] = spec.draft_model
-    if spec.method == "draft_model":
-        cfg.pop("method")  # vLLM infers a draft model from `model`
-    return cfg
-
-
-def engine_argv(
-    plan: Plan, arm_name: str, role: str, port: int, tp: int, device: Device,
-    settings: LocalSettings, kv_config: dict[str, Any] | None,
-) -> tuple[str, ...]:
-    """The exact engine command line of one worker."""
-    arm = plan.arm(arm_name)
-    eng = arm.engine
-    model = model_source(plan, settings)
-    if device.kind == "cuda":
-        argv: list[str] = [settings.python, *ENGINE_MODULE_GPU, model]
-    else:
-        argv = [settings.python, *ENGINE_MODULE_CPU, "--model", model]
-    argv += ["--served-model-name", served_name(plan), "--host", HOST, "--port", str(port)]
-    argv += ["--tensor-parallel-size", str(tp)]
-    argv += ["--max-num-seqs", str(eng.max_num_seqs)]
-    argv += ["--max-num-batched-tokens", str(eng.max_num_batched_tokens)]
-    argv += ["--kv-cache-dtype", eng.kv_cache_dtype]
-    argv += ["--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching"]
-    if device.kind == "cuda":
-        argv += ["--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}"]
-    max_len = eng.max_model_len or (settings.cpu_max_model_len if device.kind == "cpu" else None)
-    if max_len:
-        argv += ["--max-model-len", str(max_len)]
-    if eng.quantization != "none":
-        argv += ["--quantization", eng.quantization]
-    spec = _speculative_config(arm)
-    if spec is not None:
-        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
-    if kv_config is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv_config, sort_keys=True, separators=(",", ":"))]
-    argv += list(eng.extra_args)
-    return tuple(argv)
-
-
-def router_argv(
-    plan: Plan, arm_name: str, port: int, metrics_port: int, settings: LocalSettings,
-    workers: list[str], prefill: list[str], decode: list[str], kv_connector: str | None,
-) -> tuple[str, ...]:
-    """vllm-router over the workers with the arm's policy, or in P/D mode."""
-    rc = plan.router_for(arm_name)
-    argv = [settings.router, "--host", HOST, "--port", str(port),
-            "--prometheus-host", HOST, "--prometheus-port", str(metrics_port),
-            "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
-            "--worker-startup-timeout-secs", str(settings.router_startup_s)]
-    if prefill:
-        argv += ["--vllm-pd-disaggregation"]
-        for u in prefill:
-            argv += ["--prefill", u]
-        for u in decode:
-            argv += ["--decode", u]
-        if kv_connector == "NixlConnector":
-            argv += ["--kv-connector", "nixl"]
-    else:
-        argv += ["--worker-urls", *workers]
-    argv += ["--policy", rc.policy]
-    if rc.policy == "cache_aware":
-        argv += ["--cache-threshold", f"{rc.cache_threshold:g}",
-                 "--balance-abs-threshold", str(rc.balance_abs_threshold)]
-    return tuple(argv)
-
-
-def render_arm(
-    plan: Plan, arm_name: str, device: Device, settings: LocalSettings, ports: Iterator[int],
-    run_dir: Path, run_label: str,
-) -> ArmLayout:
-    """Every process of an arm: engines (GPUs assigned by TP) and the router. Pure but for
-    ``ports``; raises PermanentError when the arm cannot run on ``device``."""
-    arm = plan.arm(arm_name)
-    if device.kind == "cuda":
-        _check_gpus(arm, arm_name, device)
-    kv_dir = str(run_dir / "kv")
-    base_env: dict[str, str] = {"ORCH_RUN": run_label}
-    if device.kind == "cpu":
-        base_env |= {
-            "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kvcache_gib),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        }
-    engines: list[ProcessSpec] = []
-    urls: dict[str, list[str]] = {"worker": [], "prefill": [], "decode": []}
-    connector: str | None = None
-    next_gpu = 0
-    for role, pool in arm.pools().items():
-        kv_config = None
-        if role != "worker":
-            connector, kv_config = _connector_config(arm, role, device, kv_dir)
-        for i in range(pool.replicas):
-            port = next(ports)
-            env = dict(base_env)
-            if device.kind == "cuda":
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(next_gpu, next_gpu + pool.tp))
-                next_gpu += pool.tp
-                if connector == "NixlConnector":
-                    # Each NIXL agent on one host needs its own side-channel port.
-                    env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(next(ports))
-            argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_config)
-            spec = ProcessSpec(name=f"{role}-{i}", role=role,  # type: ignore[arg-type]
-                               argv=argv, env=tuple(sorted(env.items())), port=port)
-            engines.append(spec)
-            urls[role].append(spec.url)
-    rport, mport = next(ports), next(ports)
-    router = ProcessSpec(
-        name="router", role="router",
-        argv=router_argv(plan, arm_name, rport, mport, settings, urls["worker"], urls["prefill"],
-                         urls["decode"], connector),
-        env=(("ORCH_RUN", run_label),), port=rport,
-    )
-    return ArmLayout(engines=tuple(engines), router=router, router_metrics_port=mport,
-                     served_model=served_name(plan), kv_connector=connector,
-                     kv_dir=kv_dir if connector == "ExampleConnector" else None)
-
-
-def _check_gpus(arm: Arm, arm_name: str, device: Device) -> None:
-    if arm.gpus > device.gpus:
-        raise PermanentError(
-            f"arm {arm_name} needs {arm.gpus} GPUs; this machine has {device.gpus}: "
-            "lower replicas or tp, or use the kubernetes backend"
-        )
-    labels = [lbl.lower().replace("-", " ") for lbl in GPUS[arm.gpu].node_labels]
-    have = device.name.lower().replace("-", " ")
-    if device.name and not any(have.startswith(lbl) or lbl.startswith(have) for lbl in labels):
-        raise PermanentError(
-            f"arm {arm_name} asks for {arm.gpu} but this machine's GPUs are {device.name!r}: "
-            "change arms.{arm_name}.gpu or run where that GPU is"
-        )
-
-
-def sequential_ports(start: int) -> Iterator[int]:
-    """Ports start, start+1, ... (golden tests)."""
-    p = start
-    while True:
-        yield p
-        p += 1
-
-
-def free_ports() -> Iterator[int]:
-    """Ports free on the loopback right now, none repeated."""
-    seen: set[int] = set()
-    while True:
-        p = free_port(HOST)
-        if p not in seen:
-            seen.add(p)
-            yield p
 
 
 # -- the backend -----------------------------------------------------------------------------
@@ -488,7 +161,7 @@ class LocalBackend:
                 state.write(procs)
         except OSError as e:
             for p in reversed(procs):
-                _stop_group(p.pid)
+                stop_group(p.pid)
             state.remove()
             raise PermanentError(f"cannot start the local arm {arm}: {e}") from e
         return Deployment(
@@ -555,7 +228,7 @@ class LocalBackend:
     def teardown(self, deployment: Deployment) -> None:
         procs = deployment.handles.get("procs") or self._state(deployment.key).read()
         for p in reversed(procs):  # router first, then engines
-            _stop_group(p.pid, self.settings.stop_grace_s)
+            stop_group(p.pid, self.settings.stop_grace_s)
         kv_dir = deployment.handles.get("kv_dir")
         if kv_dir:
             shutil.rmtree(kv_dir, ignore_errors=True)
@@ -565,7 +238,7 @@ class LocalBackend:
         removed = 0
         for state_path in (self.state_dir / experiment).glob("*/processes.json"):
             for p in reversed(StateFile(state_path).read()):
-                removed += int(_stop_group(p.pid, self.settings.stop_grace_s))
+                removed += int(stop_group(p.pid, self.settings.stop_grace_s))
             shutil.rmtree(state_path.parent / "kv", ignore_errors=True)
             StateFile(state_path).remove()
         return removed
@@ -628,7 +301,7 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def _stop_group(pgid: int, grace_s: float = 15.0) -> bool:
+def stop_group(pgid: int, grace_s: float = 15.0) -> bool:
     """SIGTERM the process group of a leader we started, SIGKILL what is left after
     ``grace_s``; True if something was stopped. A group none of whose members is ours (a
     reused pid) is left alone."""

@@ -12,8 +12,8 @@ from orchestrator.backends.local import (
     Device,
     LocalBackend,
     LocalSettings,
-    _stop_group,
     group_members,
+    stop_group,
 )
 from orchestrator.backends.processes import StateFile, start_process
 
@@ -71,7 +71,7 @@ def test_a_group_that_is_not_ours_is_left_alone(tmp_path: Path) -> None:
     # A pid recorded in a stale state file may now belong to someone else's process.
     other = start_process("other", ["sleep", "60"], 0, tmp_path / "other.log")
     try:
-        assert not _stop_group(other.pid, grace_s=0.5)
+        assert not stop_group(other.pid, grace_s=0.5)
         assert group_members(other.pid) == [other.pid]
     finally:
         os.kill(other.pid, 9)
@@ -86,5 +86,5 @@ def test_a_renamed_engine_is_recognised_as_ours(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and "vllm::router" not in Path(f"/proc/{proc.pid}/cmdline").read_text():
         time.sleep(0.05)
-    assert _stop_group(proc.pid, grace_s=5)
+    assert stop_group(proc.pid, grace_s=5)
     assert group_members(proc.pid) == []

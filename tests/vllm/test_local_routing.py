@@ -20,9 +20,9 @@ from orchestrator.backends.base import Deployment
 from orchestrator.backends.local import (
     HOST,
     LocalBackend,
-    _stop_group,
     free_ports,
     router_argv,
+    stop_group,
 )
 from orchestrator.backends.processes import start_process
 from orchestrator.loadgen.workloads import build_requests
@@ -93,6 +93,6 @@ def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(
         round_robin = _phase_hit_rate(backend, cache_aware, rr_url, plan, seed=11)
         aware = _phase_hit_rate(backend, cache_aware, cache_aware.endpoint.url, plan, seed=12)
     finally:
-        _stop_group(rr.pid, 5)
+        stop_group(rr.pid, 5)
     print(f"prefix-cache hit rate: round_robin {round_robin:.3f}, cache_aware {aware:.3f}")
     assert aware > round_robin + 0.1
