@@ -64,6 +64,7 @@ def capacity(
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel size (decode TP if disaggregated)."),
     router: str | None = typer.Option(None, "--router", help="Router policy."),
     engine_version: str | None = typer.Option(None, "--engine-version", help="vLLM version."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw capacity over time per configuration into this PNG file."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity by configuration over history (valid runs only): runs, median, spread, last measured."""
@@ -81,35 +82,55 @@ def capacity(
     }
     from orchestrator.store import Store
 
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise UserError(f"--plot: {plot} must be a .png file")
     with Store.open() as store:
         frame = store.capacity_by_config(**filters)
+        drawn = None
+        if plot is not None and not frame.empty:
+            from orchestrator.report.history import plot_capacity_history
+
+            drawn = plot_capacity_history(store, frame, plot, since_days=since)
     if as_json:
         rows = [{k: _cell(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
-        emit_json({"filters": {k: v for k, v in filters.items() if v is not None}, "rows": rows})
+        doc = {"filters": {k: v for k, v in filters.items() if v is not None}, "rows": rows}
+        if plot is not None:
+            doc["plot"] = str(drawn.resolve()) if drawn else None
+        emit_json(doc)
         return
     if frame.empty:
-        say("no valid runs match these filters")
+        say("no valid runs match these filters" + ("; no plot drawn" if plot is not None else ""))
         return
-    say(_table(frame))
+    _print_table(frame)
+    if drawn is not None:
+        say(f"capacity over time: {drawn.resolve()}")
 
 
-def _table(frame: pd.DataFrame) -> str:
-    """Fixed-width table: one line per configuration and class, best first within a class."""
+def _print_table(frame: pd.DataFrame) -> None:
+    """A rich table: one line per configuration and class, best first within a class. Piped
+    output (not a terminal) gets a wide console, so long configuration labels do not wrap."""
     import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
 
-    header = ("class", "model", "configuration", "runs", "median tok/s", "p25-p75", "spread", "last measured")
-    lines = []
+    table = Table(title="capacity by configuration (valid runs; goodput tok/s at >= 90% attainment)",
+                  title_justify="left", header_style="bold")
+    for name, justify in (("class", "left"), ("model", "left"), ("configuration", "left"),
+                          ("runs", "right"), ("median tok/s", "right"), ("p25-p75", "right"),
+                          ("spread", "right"), ("last measured", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "configuration")
+    previous = None
     for r in frame.itertuples(index=False):
+        cls = r[frame.columns.get_loc("class")]
+        if previous is not None and cls != previous:
+            table.add_section()
+        previous = cls
         spread = "-" if pd.isna(r.spread) else f"{r.spread:.1%}"
-        lines.append((
-            r[frame.columns.get_loc("class")], r.model, r.label, str(r.runs), f"{r.median:,.0f}",
-            f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
-        ))
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
-    right = {3, 4, 5, 6}
-
-    def fmt(cells: tuple[str, ...]) -> str:
-        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *(fmt(line) for line in lines)])
+        table.add_row(
+            cls, r.model, r.label, str(r.runs), f"{r.median:,.0f}", f"{r.p25:,.0f}-{r.p75:,.0f}",
+            spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200, highlight=False)
+    console.print(table)
