@@ -20,6 +20,7 @@ from orchestrator.plan.experiment import (
     SimSettings,
     plan_warnings,
 )
+from orchestrator.plan.external import ArmLabels, ExternalEndpoint, HeaderFromEnv
 from orchestrator.plan.loading import (
     canonical_json,
     json_schema,
@@ -32,8 +33,8 @@ from orchestrator.plan.loading import (
 from orchestrator.plan.workload import ClosedLoop, LengthDist, OpenLoop, PromptSpec, Workload
 
 __all__ = [
-    "GPUS", "MODELS", "SERVICE_CLASSES", "Arm", "Bar", "ClosedLoop", "Design", "EngineConfig",
-    "GPUSpec", "GuardThresholds", "LengthDist", "ModelSpec", "OpenLoop", "Plan", "PoolSpec",
+    "GPUS", "MODELS", "SERVICE_CLASSES", "Arm", "ArmLabels", "Bar", "ClosedLoop", "Design", "EngineConfig",
+    "ExternalEndpoint", "GPUSpec", "GuardThresholds", "HeaderFromEnv", "LengthDist", "ModelSpec", "OpenLoop", "Plan", "PoolSpec",
     "PromptSpec", "RouterConfig", "SearchSettings", "ServiceClass", "SimSettings",
     "SpeculativeConfig", "Workload", "canonical_gpu", "canonical_json", "gpu", "json_schema",
     "load_plan_file", "load_plan_text", "plan_from_canonical", "plan_hash", "plan_warnings",

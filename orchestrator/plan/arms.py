@@ -1,13 +1,21 @@
-"""Arms: what one serving configuration is (GPU, layout, pools, engine knobs, router)."""
+"""Arms: what one serving configuration is (GPU, layout, pools, engine knobs, router), or,
+for backend external, where an already running stack serves and what it is (labels)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
 from orchestrator.plan.catalog import canonical_gpu
+from orchestrator.plan.external import ArmLabels, ExternalEndpoint
 
 TP_SIZES = (1, 2, 4, 8)
 RouterPolicy = Literal["round_robin", "cache_aware", "power_of_two", "consistent_hash", "random"]
@@ -101,12 +109,21 @@ class PoolSpec(StrictModel):
         return v
 
 
-class Arm(StrictModel):
-    """One serving configuration: colocated replicas, or prefill and decode pools."""
+# Fields that provision an arm: an external arm (already running) sets none of them.
+PROVISIONING_FIELDS = ("gpu", "layout", "replicas", "tp", "prefill", "decode", "kv_connector", "engine", "router")
 
-    gpu: str = Field(description="GPU type: H100-PCIe, H100-SXM (alias H100) or H200.")
-    layout: Literal["colocated", "disaggregated"] = Field(
-        description="colocated: each worker prefills and decodes; disaggregated: separate pools."
+
+class Arm(StrictModel):
+    """One serving configuration: colocated replicas, or prefill and decode pools; or, with
+    ``endpoint`` (backend external), a stack that already runs, described by ``labels``."""
+
+    gpu: str | None = Field(
+        default=None, description="GPU type: H100-PCIe, H100-SXM (alias H100) or H200 (external arms: labels.gpu)."
+    )
+    layout: Literal["colocated", "disaggregated"] | None = Field(
+        default=None,
+        description="colocated: each worker prefills and decodes; disaggregated: separate pools "
+        "(external arms: labels.layout).",
     )
     replicas: int | None = Field(
         default=None, ge=1, le=64, description="colocated: number of workers."
@@ -123,11 +140,17 @@ class Arm(StrictModel):
         default=None, description="Router for this arm; default: the plan's router."
     )
     description: str = Field(default="", description="Free text shown in reports.")
+    endpoint: ExternalEndpoint | None = Field(
+        default=None, description="backend external: the running stack's URL and served model."
+    )
+    labels: ArmLabels | None = Field(
+        default=None, description="backend external: what serves behind the endpoint (for history)."
+    )
 
     @field_validator("gpu")
     @classmethod
-    def _known_gpu(cls, v: str) -> str:
-        return canonical_gpu(v)
+    def _known_gpu(cls, v: str | None) -> str | None:
+        return None if v is None else canonical_gpu(v)
 
     @field_validator("tp")
     @classmethod
@@ -143,9 +166,31 @@ class Arm(StrictModel):
             data.setdefault("kv_connector", "nixl")
         return data
 
+    @model_serializer(mode="wrap")
+    def _omit_unset_external(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Absent external fields are left out of the dump, so every plan written before they
+        # existed keeps its canonical JSON and hash (and its history its configuration ids);
+        # an external arm leaves out the provisioning fields it never has.
+        out = handler(self)
+        if isinstance(out, dict):
+            drop = PROVISIONING_FIELDS if self.endpoint is not None else ("endpoint", "labels")
+            for key in drop:
+                out.pop(key, None)
+        return out
+
     @model_validator(mode="after")
     def _layout_fields(self) -> Arm:
+        if self.endpoint is not None:
+            return self._external_fields()
         problems: list[tuple[str, str]] = []
+        if self.labels is not None:
+            problems.append(("labels", "labels describe external arms (with an `endpoint`); "
+                                       "a provisioned arm is described by its own fields"))
+        for name in ("gpu", "layout"):
+            if getattr(self, name) is None:
+                problems.append((name, "required field is missing (or give an `endpoint` with backend external)"))
+        if problems:
+            raise CrossFieldError(problems)
         if self.layout == "colocated":
             if self.replicas is None:
                 problems.append(("replicas", "a colocated arm needs `replicas`"))
@@ -168,16 +213,40 @@ class Arm(StrictModel):
             raise CrossFieldError(problems)
         return self
 
+    def _external_fields(self) -> Arm:
+        problems = [
+            (name, "an external arm is already running and is not provisioned: describe it under "
+                   "`labels` (gpu, layout, replicas, engine_version, tags)")
+            for name in PROVISIONING_FIELDS
+            if getattr(self, name) != type(self).model_fields[name].get_default(call_default_factory=True)
+            # kv_connector is filled in for a disaggregated layout, which is reported itself
+            and not (name == "kv_connector" and self.layout is not None)
+        ]
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+    @property
+    def external(self) -> bool:
+        """An already running stack behind ``endpoint`` (backend external)."""
+        return self.endpoint is not None
+
     @property
     def gpus(self) -> int:
-        """GPUs this arm occupies in all."""
+        """GPUs this arm occupies in all (an external arm: as its labels say, default 1)."""
+        if self.endpoint is not None:
+            lab = self.labels or ArmLabels()
+            return lab.gpus or lab.replicas or 1
         if self.layout == "colocated":
             return (self.replicas or 0) * self.tp
         assert self.prefill and self.decode
         return self.prefill.replicas * self.prefill.tp + self.decode.replicas * self.decode.tp
 
     def pools(self) -> dict[str, PoolSpec]:
-        """Role -> pool: {'worker': ...} when colocated, {'prefill': ..., 'decode': ...} otherwise."""
+        """Role -> pool: {'worker': ...} when colocated, {'prefill': ..., 'decode': ...} otherwise.
+        An external arm: one pool of its labelled replicas (what the prefix-hit estimate needs)."""
+        if self.endpoint is not None:
+            return {"worker": PoolSpec(replicas=min((self.labels or ArmLabels()).replicas or 1, 64))}
         if self.layout == "colocated":
             return {"worker": PoolSpec(replicas=self.replicas or 1, tp=self.tp)}
         assert self.prefill and self.decode

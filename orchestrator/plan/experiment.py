@@ -42,7 +42,7 @@ ModelRef = Annotated[
 ClassRef = Annotated[
     ServiceClass, BeforeValidator(_resolve_class, json_schema_input_type=ClassName | ServiceClass)
 ]
-Backend = Literal["sim", "local", "kubernetes"]
+Backend = Literal["sim", "local", "kubernetes", "external"]
 
 
 class RateRange(StrictModel):
@@ -197,7 +197,10 @@ class Plan(StrictModel):
     design: Design = Field(default_factory=Design, description="Blocks and order.")
     bars: list[Bar] = Field(default_factory=list, description="Acceptance bars, registered before any run.")
     guards: GuardThresholds = Field(default_factory=GuardThresholds, description="Validity guard thresholds.")
-    backend: Backend = Field(default="sim", description="Where arms run: sim, local or kubernetes.")
+    backend: Backend = Field(
+        default="sim",
+        description="Where arms run: sim, local or kubernetes; external: each arm's `endpoint`, already running.",
+    )
     sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="Cluster settings (backend: kubernetes).")
 
@@ -211,7 +214,8 @@ class Plan(StrictModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> Plan:
         problems = cross_check(
-            model=self.model, arms=self.arms, workload=self.workload, classes=self.classes, bars=self.bars
+            model=self.model, arms=self.arms, workload=self.workload, classes=self.classes, bars=self.bars,
+            backend=self.backend,
         )
         if problems:
             raise PlanError(problems)
@@ -241,6 +245,7 @@ SECTION_TYPES: dict[str, Any] = {
     "workload": Workload,
     "classes": list[ClassRef],
     "bars": list[Bar],
+    "backend": Backend,
 }
 
 
@@ -250,9 +255,12 @@ def cross_check(
     workload: Workload | None,
     classes: list[ServiceClass] | None,
     bars: list[Bar] | None,
+    backend: str | None = None,
 ) -> list[Problem]:
     """Checks across sections; each runs when the sections it needs are valid."""
     problems: list[Problem] = []
+    if arms is not None and backend is not None:
+        problems.extend(_endpoints_match_backend(arms, backend))
     if classes is not None:
         seen: set[str] = set()
         for i, c in enumerate(classes):
@@ -282,11 +290,41 @@ def cross_check(
                 )
     if model is not None and arms is not None:
         for name, arm in arms.items():
-            problems.extend(_weights_fit(model, name, arm))
+            if not arm.external:
+                problems.extend(_weights_fit(model, name, arm))
     return problems
 
 
+def _endpoints_match_backend(arms: dict[str, Arm], backend: str) -> list[Problem]:
+    """backend external: every arm names its endpoint; any other backend: none does."""
+    out: list[Problem] = []
+    for name, arm in arms.items():
+        if backend == "external" and not arm.external:
+            out.append(Problem(f"arms.{name}.endpoint",
+                               "backend external sends load to running stacks: every arm needs an "
+                               "`endpoint: {url, model}` (and `labels` to find it in history)"))
+        elif backend != "external" and arm.external:
+            out.append(Problem(f"arms.{name}.endpoint",
+                               f"backend {backend} provisions the arm itself; an endpoint applies to "
+                               "backend external only (set `backend: external`, or remove the endpoint)"))
+    return out
+
+
+def _external_warnings(plan: Plan) -> list[str]:
+    external = {n: a for n, a in plan.arms.items() if a.endpoint is not None}
+    out = [
+        f"arms.{n}: no `labels`; history will list it as gpu unknown, layout external "
+        "(give labels.gpu, labels.layout, labels.replicas, labels.engine_version)"
+        for n, a in external.items() if a.labels is None or a.labels.gpu is None
+    ]
+    eps = {(a.endpoint.url, a.endpoint.model) for a in external.values() if a.endpoint is not None}
+    if len(external) == 2 and len(eps) == 1:
+        out.append("arms: A and B send load to the same endpoint and model: an A/A comparison")
+    return out
+
+
 def _weights_fit(model: ModelSpec, name: str, arm: Arm) -> list[Problem]:
+    assert arm.gpu is not None
     spec = GPUS[arm.gpu]
     usable = spec.memory_bytes * arm.engine.gpu_memory_utilization
     weights = model.weight_bytes(arm.engine.quantization)
@@ -310,7 +348,10 @@ def plan_warnings(plan: Plan) -> list[str]:
     """Things that are legal but probably not what the user meant."""
     out: list[str] = []
     ctx = plan.workload.mean_context_tokens()
+    out.extend(_external_warnings(plan))
     for name, arm in plan.arms.items():
+        if arm.external or arm.gpu is None:
+            continue  # not provisioned here: its memory is not the plan's to check
         spec = GPUS[arm.gpu]
         kv_per_token = plan.model.kv_bytes_per_token(arm.engine.kv_cache_dtype)
         for role, pool in arm.pools().items():

@@ -92,8 +92,15 @@ def arm_config(plan: Plan, arm: str) -> dict[str, Any]:
     """Everything that defines how an arm serves: model, GPU, pools, engine knobs, router.
 
     Free-text descriptions are left out: two arms that serve identically are one configuration.
+    An external arm is its endpoint (URL and served model; header values are never here, only
+    the names of the variables holding them) and its labels.
     """
     spec = plan.arm(arm)
+    if spec.external:
+        return {
+            "model": plan.model.model_dump(mode="json"),
+            "arm": spec.model_dump(mode="json", exclude={"description"}),
+        }
     return {
         "model": plan.model.model_dump(mode="json"),
         "arm": spec.model_dump(mode="json", exclude={"description", "router"}),
@@ -110,6 +117,8 @@ def config_columns(plan: Plan, arm: str) -> dict[str, Any]:
     digest = hashlib.sha256(
         json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     ).hexdigest()
+    if spec.external:
+        return _external_columns(plan, arm, digest, config)
     pools = spec.pools()
     if spec.layout == "colocated":
         shape = f"{spec.replicas}x TP{spec.tp}"
@@ -148,5 +157,51 @@ def config_columns(plan: Plan, arm: str) -> dict[str, Any]:
         "speculative_method": spec_dec.method if spec_dec else None,
         "num_speculative_tokens": spec_dec.num_speculative_tokens if spec_dec else None,
         "engine_version": engine.version,
+        "config": config,
+    }
+
+
+# What an external arm's history row holds where its labels say nothing: the engine knobs and
+# router of a stack the orchestrator did not start are unknown, never guessed.
+UNKNOWN = "unknown"
+EXTERNAL_LAYOUT = "external"
+
+
+def _external_columns(plan: Plan, arm: str, digest: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Columns of an external arm, from its labels (``orch capacity --gpu/--layout/--engine-version``
+    filter on them; tags are in the JSON and the label)."""
+    spec = plan.arm(arm)
+    assert spec.endpoint is not None
+    lab = spec.labels
+    gpu = lab.gpu if lab and lab.gpu else UNKNOWN
+    layout = lab.layout if lab and lab.layout else EXTERNAL_LAYOUT
+    version = lab.engine_version if lab and lab.engine_version else UNKNOWN
+    shape = f"{lab.replicas}x" if lab and lab.replicas else "?x"
+    tags = ",".join(f"{k}={v}" for k, v in (lab.tags if lab else {}).items())
+    label = f"{gpu} {layout} {shape} external {spec.endpoint.model} @ {spec.endpoint.url}"
+    label = (label + (f" [{tags}]" if tags else "") + f" {version}")[:300]
+    return {
+        "config_sha256": digest,
+        "label": label,
+        "model": plan.model.name,
+        "gpu": gpu,
+        "layout": layout,
+        "gpus": spec.gpus,
+        "tp": 1,  # unknown; the column is required, and 1 divides nothing
+        "replicas": lab.replicas if lab else None,
+        "prefill_replicas": None,
+        "prefill_tp": None,
+        "decode_replicas": None,
+        "decode_tp": None,
+        "kv_connector": None,
+        "kv_cache_dtype": UNKNOWN,
+        "quantization": UNKNOWN,
+        "max_num_seqs": 0,
+        "max_num_batched_tokens": 0,
+        "prefix_caching": False,
+        "router_policy": EXTERNAL_LAYOUT,
+        "speculative_method": None,
+        "num_speculative_tokens": None,
+        "engine_version": version,
         "config": config,
     }
