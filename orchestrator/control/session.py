@@ -46,7 +46,11 @@ def make_backend(name: str, root: Path, progress: ProgressSink | None = None) ->
         except ImportError as e:  # pragma: no cover
             raise EnvironmentProblem(f"the kubernetes backend cannot load: {e}") from e
         return KubernetesBackend.from_environment()  # type: ignore[attr-defined]
-    raise UserError(f"unknown backend {name!r}: sim, local or kubernetes")
+    if name == "external":
+        from orchestrator.backends.external import ExternalBackend
+
+        return ExternalBackend(log=say)
+    raise UserError(f"unknown backend {name!r}: sim, local, kubernetes or external")
 
 
 def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
@@ -98,6 +102,10 @@ def run_plan(
     root = state_dir()
     try:
         chosen = backend or plan.backend
+        if "external" in (chosen, plan.backend) and chosen != plan.backend:
+            raise UserError(f"--backend {chosen}: this plan's arms are "
+                            f"{'endpoints that already run' if plan.backend == 'external' else 'provisioned'}"
+                            f" (backend {plan.backend}); external and provisioned arms are not interchangeable")
         be = backend_obj or make_backend(chosen, root, progress)
         ceiling = generator_ceiling(plan, root)
         if ceiling is not None:
