@@ -144,8 +144,9 @@ def latency_at_capacity(data: ExperimentData, class_name: str, path: Path) -> Pa
             line.set_linestyle(ls)
     for ax, limit, name in ((ax_ttft, cls.ttft_ms, "TTFT"), (ax_tpot, cls.tpot_ms, "TPOT")):
         ax.axvline(limit, color="black", ls=":", lw=1.5)
-        ax.annotate(f"{class_name} limit {limit:g} ms", (limit, 0.02), xytext=(4, 0),
-                    textcoords="offset points", fontsize=8)
+        ax.annotate(f"{class_name} limit {limit:g} ms", (limit, 0.02), xytext=(-4, 0),
+                    textcoords="offset points", fontsize=8, ha="right")
+        ax.set_xlim(left=0, right=max(ax.get_xlim()[1], limit * 1.08))
         ax.set_xlabel(f"{name}, ms")
         ax.set_ylabel("share of scheduled requests")
         ax.set_ylim(0, 1.02)
