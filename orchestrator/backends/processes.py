@@ -13,9 +13,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# A pid is only ours if its command line still mentions one of these (pids get reused).
-OWN_MARKERS = ("orchestrator", "vllm-router", "vllm.entrypoints", "vllm_router")
-
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now."""
@@ -66,32 +63,73 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _ours(pid: int) -> bool:
+# vLLM and vllm-router rename themselves (setproctitle: "VLLM::EngineCore", "vllm::router"),
+# which also overwrites /proc/PID/environ; so ownership is read from the command line, and
+# only of group leaders we started (pgid == pid) and their group.
+OWN_MARKERS = ("vllm::", "vllm.entrypoints", "vllm-router", "vllm_router", "orchestrator")
+
+
+def _cmdline(pid: int) -> str:
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
+        return ""
+
+
+def _ours(pid: int) -> bool:
+    cmd = _cmdline(pid).lower()
+    return any(m in cmd for m in OWN_MARKERS)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live pids whose process group is ``pgid``: the leader and what it spawned (EngineCore,
+    workers), which may outlive their leader."""
+    out: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # Fields after the command: state, ppid, pgrp, ...; zombies are already dead.
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def stop_group(pgid: int, grace_s: float = 15.0) -> bool:
+    """SIGTERM the process group of a leader we started, SIGKILL what is left after
+    ``grace_s``; True if something was stopped. A group none of whose members is ours (a
+    reused pid) is left alone."""
+    members = group_members(pgid)
+    if not members or not any(_ours(pid) for pid in members):
         return False
-    return any(m in cmdline for m in OWN_MARKERS)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_members(pgid):
+        _reap(pgid)
+        time.sleep(0.1)
+    if group_members(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        for _ in range(100):
+            _reap(pgid)
+            if not group_members(pgid):
+                break
+            time.sleep(0.05)
+    _reap(pgid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of a child of ours, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def stop_process(pid: int, grace_s: float = 5.0) -> bool:
-    """SIGTERM the process group, then SIGKILL after ``grace_s``; True if something was stopped."""
-    if not _alive(pid) or not _ours(pid):
-        return False
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for _ in range(40):
-        if not _alive(pid):
-            break
-        time.sleep(0.05)
-    return True
+    """Stop a process we started and everything in its process group (see ``stop_group``)."""
+    return stop_group(pid, grace_s)
 
 
 class StateFile:

@@ -161,6 +161,12 @@ class SimBackend:
         with httpx.Client(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 dead = [p for p in procs if not p.alive()]
+                if dead and dead[0].role == "router" and self.router is not None:
+                    tail = _tail(Path(dead[0].log))
+                    self.router = None  # this session's later deployments use the whole-arm server
+                    self.log("vllm-router exited during start-up; falling back to the whole-arm sim "
+                             f"server from now on. Router log tail:\n{tail}")
+                    raise TransientError("vllm-router could not run here; retrying with the whole-arm sim server")
                 if dead:
                     tail = _tail(Path(dead[0].log))
                     raise PermanentError(f"{dead[0].role} exited during start-up; log tail:\n{tail}")

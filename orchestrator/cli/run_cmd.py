@@ -99,17 +99,23 @@ def demo(as_json: bool = JSON_OPTION) -> None:
 
     if not QUICKSTART.exists():
         raise UserError(f"{QUICKSTART} not found: run `orch demo` from a checkout of the repository")
+    from orchestrator.control.session import state_dir
+    from orchestrator.report import write_report
+
     plan = load_plan_file(QUICKSTART)
     with Store.open() as store:
         out = run_plan(plan, store, new=True)
         doc = _outcome_doc(store, out)
-        say_url = str(store.engine.url)
+        say_url = store.engine.url.render_as_string(hide_password=True)
+        report = write_report(store, out.experiment_id, state_dir() / "reports" / out.experiment_name)
+    doc["report"] = str(report.resolve())
     if as_json:
         emit_json(doc)
         return
     _print_outcome(doc)
     say(f"stored in {say_url}; `orch verdict {doc['experiment']['name']}` and "
         f"`orch capacity --model {plan.model.name}` read it back")
+    say(f"report: {doc['report']}")
 
 
 def _experiment_doc(store, key: str) -> tuple[dict, int]:

@@ -201,6 +201,7 @@ class Executor:
             fingerprint["ready_at"] = time.time()
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
                                  self.config.generator_ceiling)
+            runner.warm_up(dep, arm, block)
             caps = self._search(plan, arm, block, run_id, dep, runner, points)
             for bar in plan.bars:
                 if bar.rate is not None and not _near(points, bar.rate):

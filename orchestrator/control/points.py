@@ -79,6 +79,25 @@ def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) ->
     return h / q
 
 
+def busy_requests(samples: Sequence[Sample]) -> float | None:
+    """Requests running or waiting on the servers (None when they export no such gauge)."""
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    found = [s.value for s in samples if s.name in names]
+    return sum(found) if found else None
+
+
+def settle(backend: Backend, dep: Deployment, timeout_s: float = 30.0) -> float:
+    """Wait until the servers are idle (a point must not inherit the last one's backlog);
+    returns the seconds waited. Servers without the vLLM gauges are not waited for."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        busy = busy_requests(scrape_samples(backend, dep))
+        if not busy:
+            break
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
 def drain_seconds(plan: Plan) -> float:
     """How long to wait for in-flight requests after the last send: past this, a request has
     missed every class anyway (TTFT limit + TPOT limit per token), with margin."""
@@ -95,6 +114,23 @@ class PointRunner:
         self.plan = plan
         self.spool_dir = spool_dir
         self.ceiling = generator_ceiling
+
+    def warm_up(self, dep: Deployment, arm: str, block: int) -> None:
+        """Cold servers (first requests, connection set-up, caches) must not leak into the first
+        point: send the workload at the lowest search rate for a few seconds, unrecorded."""
+        plan, s = self.plan, self.plan.search
+        seconds = max(2.0, s.warmup_s)
+        seed = point_seed(plan.design.seed, block, -1.0)
+        assert plan.workload.arrival is not None
+        offsets = open_loop_offsets(plan.workload.arrival, max(s.rate.min, 2.0 / seconds), seconds, seed)
+        if len(offsets) == 0:
+            return
+        requests = build_requests(plan.workload, len(offsets), seed)
+        asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
+                              ["warmup"] * len(offsets), api=plan.workload.api,
+                              request_timeout_s=seconds + drain_seconds(plan),
+                              deadline_s=seconds + drain_seconds(plan)))
+        settle(self.backend, dep)
 
     def workers(self, arm: str) -> int:
         pools = self.plan.arm(arm).pools()
@@ -117,6 +153,7 @@ class PointRunner:
             offered_rate=rate, n_scheduled=len(requests), valid=False, search_class=search_class,
         )
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
+        settle(self.backend, dep)
         before = scrape_samples(self.backend, dep)
         summary = asyncio.run(run_point(
             dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,

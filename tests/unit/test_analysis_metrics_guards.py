@@ -197,6 +197,20 @@ def test_steady_state_accepts_a_point_overloaded_from_the_start() -> None:
     assert g.passed and "overloaded" in g.detail, g.detail
 
 
+def test_steady_state_explains_a_worse_third_by_an_arrival_burst() -> None:
+    # 12 arrivals crowd the first third and miss; 4 in the last third are served in time.
+    times = [i * 0.25 for i in range(12)] + [7.0 + i * 0.8 for i in range(4)]
+    recs = [rec(i, scheduled_s=t, sent_s=t, first_token_s=t + (2.0 if t < 3.4 else 0.2),
+                last_token_s=t + (2.0 if t < 3.4 else 0.2) + 0.02 * 99) for i, t in enumerate(times)]
+    g = steady_state(recs, TH, STD, 10.0)
+    assert g.passed and "burst" in g.detail, g.detail
+    # The same contrast with equal arrivals is drift: it fails.
+    times = [i * (10 / 3) / 8 for i in range(8)] + [20 / 3 + i * (10 / 3) / 8 for i in range(8)]
+    recs = [rec(i, scheduled_s=t, sent_s=t, first_token_s=t + (2.0 if t < 3.4 else 0.2),
+                last_token_s=t + (2.0 if t < 3.4 else 0.2) + 0.02 * 99) for i, t in enumerate(times)]
+    assert not steady_state(recs, TH, STD, 10.0).passed
+
+
 def test_steady_state_accepts_an_overloaded_point_as_a_valid_fail() -> None:
     recs = [rec(i, ttft=0.2 + 0.05 * i) for i in range(100)]  # the queue grows
     g = steady_state(recs, TH, STD, 10.0)
