@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("ORCH_DEBUG") == "1"
     _register(argv)
     try:
-        app(args=argv, prog_name="orch", standalone_mode=False)
-        code = 0
+        # Without standalone mode click returns an Exit's code instead of raising it.
+        returned = app(args=argv, prog_name="orch", standalone_mode=False)
+        code = returned if isinstance(returned, int) else 0
     except typer.Exit as e:
         code = e.exit_code
     except typer.Abort:

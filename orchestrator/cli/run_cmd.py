@@ -31,11 +31,8 @@ def _outcome_doc(store, out) -> dict:
                        "registration_id": out.registration_id, "sha256": out.sha256,
                        "resumed": out.resumed, "complete": out.complete},
         "verdicts": [
-            {"bar": o.bar.id, "class": o.bar.service_class, "metric": o.bar.metric,
-             "threshold": o.bar.threshold, "direction": o.bar.direction,
-             "verdict": o.judgement.verdict, "estimate": _num(o.judgement.estimate),
-             "lower": _num(o.judgement.lower), "upper": _num(o.judgement.upper),
-             "confidence": o.judgement.confidence, "blocks": o.judgement.n, "note": o.judgement.note}
+            _verdict_row(o.bar, o.judgement.verdict, o.judgement.estimate, o.judgement.lower,
+                         o.judgement.upper, o.judgement.n, o.judgement.note)
             for o in out.bars
         ],
         "runs": [
@@ -118,44 +115,42 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     say(f"report: {doc['report']}")
 
 
+def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: str = "") -> dict:
+    return {"bar": bar.id, "class": bar.service_class, "metric": bar.metric, "threshold": bar.threshold,
+            "direction": bar.direction, "verdict": verdict, "estimate": _num(estimate),
+            "lower": _num(lower), "upper": _num(upper), "confidence": bar.confidence,
+            "blocks": blocks, "note": note}
+
+
 def _experiment_doc(store, key: str) -> tuple[dict, int]:
-    from orchestrator.control.verdicts import gate_exit_code, judge_experiment, valid_runs
+    """An experiment's verdicts (as stored when it finished; judged now if it has none yet)."""
+    from orchestrator.control.verdicts import gate_code, judge_experiment, valid_runs
 
     exp = store.get_experiment(key)
     reg = store.get_registration(exp.registration_id)
     plan = plan_from_canonical(reg.canonical_json)
-    stored = {v.bar_id: v for v in store.verdicts(exp.id)}
-    outcomes = judge_experiment(store, exp.id, plan) if not stored else []
     runs = store.runs(exp.id)
     counted = valid_runs(store, exp.id)
-    blocks = {r.block for r in runs}
-    complete = exp.status == "done" and all((b, a) in counted for b in range(plan.design.blocks) for a in ("A", "B"))
+    complete = exp.status == "done" and all(
+        (b, a) in counted for b in range(plan.design.blocks) for a in ("A", "B"))
+    stored = {v.bar_id: v for v in store.verdicts(exp.id)}
     if stored:
         verdicts = [
-            {"bar": b.id, "class": b.service_class, "metric": b.metric, "threshold": b.threshold,
-             "direction": b.direction, "verdict": stored[b.id].verdict if b.id in stored else "INCONCLUSIVE",
-             "estimate": stored[b.id].estimate if b.id in stored else None,
-             "lower": stored[b.id].lower if b.id in stored else None,
-             "upper": stored[b.id].upper if b.id in stored else None,
-             "confidence": b.confidence, "blocks": stored[b.id].blocks if b.id in stored else 0, "note": ""}
+            _verdict_row(b, v.verdict, v.estimate, v.lower, v.upper, v.blocks) if (v := stored.get(b.id))
+            else _verdict_row(b, "INCONCLUSIVE", None, None, None, 0, "not judged")
             for b in plan.bars
         ]
-        code = 5 if not complete else 3 if any(v["verdict"] == "REJECT" for v in verdicts) else \
-            4 if any(v["verdict"] == "INCONCLUSIVE" for v in verdicts) else 0
     else:
         verdicts = [
-            {"bar": o.bar.id, "class": o.bar.service_class, "metric": o.bar.metric,
-             "threshold": o.bar.threshold, "direction": o.bar.direction, "verdict": o.judgement.verdict,
-             "estimate": _num(o.judgement.estimate), "lower": _num(o.judgement.lower),
-             "upper": _num(o.judgement.upper), "confidence": o.judgement.confidence,
-             "blocks": o.judgement.n, "note": o.judgement.note}
-            for o in outcomes
+            _verdict_row(o.bar, o.judgement.verdict, o.judgement.estimate, o.judgement.lower,
+                         o.judgement.upper, o.judgement.n, o.judgement.note)
+            for o in judge_experiment(store, exp.id, plan)
         ]
-        code = gate_exit_code(outcomes, not complete)
+    code = gate_code([v["verdict"] for v in verdicts], not complete)
     doc = {
         "experiment": {"id": exp.id, "name": exp.name, "registration_id": reg.id, "sha256": reg.sha256,
                        "status": exp.status, "complete": complete, "resumed": False,
-                       "blocks_started": len(blocks), "blocks_planned": plan.design.blocks},
+                       "blocks_started": len({r.block for r in runs}), "blocks_planned": plan.design.blocks},
         "verdicts": verdicts,
         "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
                   "valid": r.valid, "reason": r.invalid_reason} for r in runs],

@@ -94,9 +94,13 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
 def gate_exit_code(outcomes: list[BarOutcome], incomplete: bool) -> int:
     """`orch verdict --gate`: 5 a run invalid (a block without valid runs), 3 a bar rejected,
     4 inconclusive, 0 every bar accepted."""
+    return gate_code([o.judgement.verdict for o in outcomes], incomplete)
+
+
+def gate_code(verdicts: list[str], incomplete: bool) -> int:
+    """The gate's exit code from verdict names (stored or freshly judged)."""
     if incomplete:
         return 5
-    verdicts = [o.judgement.verdict for o in outcomes]
     if "REJECT" in verdicts:
         return 3
     if "INCONCLUSIVE" in verdicts:

@@ -46,7 +46,7 @@ def test_two_replicas_beat_one_and_the_gate_says_so(tmp_path) -> None:
     assert sum(1 for run in runs if run["valid"]) == 4
 
 
-def test_a_a_does_not_accept_a_ten_percent_win(store, state) -> None:
+def test_a_a_does_not_accept_a_ten_percent_win(store, state, tmp_path) -> None:
     plan = small_plan(
         name="e2e-a-a", design={"blocks": 3, "order": "ABBA", "seed": 9, "max_retries": 2},
         bars=[{"id": "no-win", "metric": "capacity", "class": "standard", "at_least": 1.10,
@@ -55,6 +55,12 @@ def test_a_a_does_not_accept_a_ten_percent_win(store, state) -> None:
     out = run_in_process(store, plan, state)
     (bar,) = out.bars
     assert bar.judgement.verdict != "ACCEPT", bar.judgement
+    # The CI gate's exit code follows the verdict (3 rejected, 4 inconclusive, 5 incomplete).
+    gate = orch("verdict", out.experiment_name, "--gate", "--json",
+                env={"ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}"})
+    expected = 5 if not out.complete else {"REJECT": 3, "INCONCLUSIVE": 4}[bar.judgement.verdict]
+    assert gate.returncode == expected, (gate.returncode, gate.stdout[-2000:], gate.stderr[-2000:])
+    assert json.loads(gate.stdout)["verdicts"][0]["verdict"] == bar.judgement.verdict
     # Every record of every point is stored.
     for r in store.runs(out.experiment_id):
         for _, p in store.points(r.id).iterrows():
