@@ -4,6 +4,7 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,29 @@ def settle(backend: Backend, dep: Deployment, timeout_s: float = 30.0) -> float:
     return time.monotonic() - start
 
 
+class DuringScraper:
+    """Scrapes the deployment every ``every_s`` while a point runs, in its own thread (through
+    the backend, so a cluster's pod proxy works too; never on the generator's event loop)."""
+
+    def __init__(self, backend: Backend, dep: Deployment, every_s: float):
+        self.backend, self.dep, self.every_s = backend, dep, every_s
+        self.snapshots: list[tuple[float, list[Sample]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scrape-during-point", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.snapshots.append((time.time(), scrape_samples(self.backend, self.dep)))
+
+    def __enter__(self) -> DuringScraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def drain_seconds(plan: Plan) -> float:
     """How long to wait for in-flight requests after the last send: past this, a request has
     missed every class anyway (TTFT limit + TPOT limit per token), with margin."""
@@ -154,13 +178,14 @@ class PointRunner:
         )
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
         settle(self.backend, dep)
-        before = scrape_samples(self.backend, dep)
-        summary = asyncio.run(run_point(
-            dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
-            api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
-            deadline_s=duration + drain_seconds(plan), keep_records=True,
-        ))
-        after = scrape_samples(self.backend, dep)
+        before_t, before = time.time(), scrape_samples(self.backend, dep)
+        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
+            summary = asyncio.run(run_point(
+                dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
+                api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
+                deadline_s=duration + drain_seconds(plan), keep_records=True,
+            ))
+        after_t, after = time.time(), scrape_samples(self.backend, dep)
         records = summary.records or []
         n_measured = sum(1 for p in phases if p == "measure")
         metrics = point_metrics(records, plan.classes, window_s=s.point_s, n_scheduled=n_measured)
@@ -191,6 +216,8 @@ class PointRunner:
             valid=all(g.passed for g in guards),
         )
         self.store.record_guards(run_id, point_id, guards)
-        samples = [(time.time(), x.name, x.labels, x.value) for x in after if x.name.startswith("vllm:")]
+        snapshots = [(before_t, before), *during.snapshots, (after_t, after)]
+        samples = [(t, x.name, x.labels, x.value) for t, snap in snapshots for x in snap
+                   if x.name.startswith("vllm:")]
         self.store.record_metric_samples(run_id, point_id, samples)
         return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed)
