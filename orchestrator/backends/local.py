@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.local_commands import (
     HOST,
     ArmLayout,
@@ -213,16 +214,7 @@ class LocalBackend:
         raise TransientError(f"local arm not ready within {deadline_s:.0f}s (last: {last})", delay=5.0)
 
     def scrape(self, deployment: Deployment) -> dict[str, str]:
-        out: dict[str, str] = {}
-        with httpx.Client(timeout=10.0) as client:
-            for url in deployment.endpoint.metrics_urls:
-                try:
-                    r = client.get(url)
-                except httpx.HTTPError as e:
-                    raise TransientError(f"cannot scrape {url}: {e}") from e
-                if r.status_code == 200:
-                    out[url] = r.text
-        return out
+        return scrape_urls(deployment.endpoint.metrics_urls, timeout_s=10.0)
 
     def alive(self, deployment: Deployment) -> bool:
         """Whether every process of the deployment still runs."""

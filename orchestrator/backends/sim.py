@@ -17,6 +17,7 @@ import httpx
 
 from orchestrator import __version__
 from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.processes import (
     ChildProcess,
     StateFile,
@@ -185,16 +186,7 @@ class SimBackend:
         raise TransientError(f"arm not ready within {deadline_s:.0f}s (last: {last})", delay=1.0)
 
     def scrape(self, deployment: Deployment) -> dict[str, str]:
-        out: dict[str, str] = {}
-        with httpx.Client(timeout=5.0) as client:
-            for url in deployment.endpoint.metrics_urls:
-                try:
-                    r = client.get(url)
-                    if r.status_code == 200:
-                        out[url] = r.text
-                except httpx.HTTPError:
-                    continue
-        return out
+        return scrape_urls(deployment.endpoint.metrics_urls, timeout_s=5.0)
 
     def alive(self, deployment: Deployment) -> bool:
         """Whether every process of the deployment still runs."""
