@@ -21,6 +21,8 @@ class Endpoint:
     url: str  # e.g. http://127.0.0.1:8000 (no trailing /v1)
     model: str  # the `model` field requests must carry
     metrics_urls: tuple[str, ...] = ()  # /metrics of every engine worker (and the router)
+    # Extra request headers (an API key read from the environment): never printed or stored.
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Deployment:
     key: RunKey
     endpoint: Endpoint
     fingerprint: dict[str, Any] = field(default_factory=dict)  # engine_version, gpu_type, nodes, ...
-    handles: dict[str, Any] = field(default_factory=dict)  # backend-specific (pids, object names)
+    handles: dict[str, Any] = field(default_factory=dict, repr=False)  # backend-private (pids, secrets)
 
 
 @runtime_checkable

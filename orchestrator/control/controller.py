@@ -26,6 +26,8 @@ def gpu_demand(plan: Plan) -> dict[str, float]:
     """GPUs an experiment holds while it runs: per GPU type, the larger arm's count."""
     need: dict[str, float] = {}
     for arm in plan.arms.values():
+        if arm.external or arm.gpu is None:  # served elsewhere: holds none of our pools
+            continue
         need[arm.gpu] = max(need.get(arm.gpu, 0.0), float(arm.gpus))
     return need
 

@@ -31,6 +31,7 @@ import numpy as np
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
 from orchestrator.analysis.stats import BarEvidence, Judgement, blocks_needed, judge_bars
+from orchestrator.errors import UserError
 from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
 from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan import Plan, plan_hash
@@ -150,7 +151,7 @@ def predicted_capacity_rates(plan: Plan) -> dict[str, dict[str, float]]:
     (noise off): the prior of a real run's capacity search. Short points, coarse precision: a
     few seconds for the quickstart plan. A class with no passing rate gets the bracket's low end
     or the plan's lowest rate."""
-    if plan.workload.arrival is None:
+    if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
         return {}
     windows = DryWindows.for_plan(plan, PRIOR_MEASURE_S, PRIOR_WARMUP_S, DRY_COOLDOWN_S,
                                   max(plan.search.precision, PRIOR_PRECISION))
@@ -282,6 +283,9 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) 
                          "this workload is closed loop")
     if replications < 1:
         raise ValueError("replications must be >= 1")
+    if any(a.external for a in plan.arms.values()):
+        raise UserError("the simulator models provisioned arms; external arms are only labelled, "
+                        "so a dry run cannot predict them")
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
     notes: list[str] = []

@@ -280,11 +280,25 @@ class Executor:
             return
         if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
             return  # judged before (a resumed experiment)
+        # What the plan registers as different between the arms (A on H100, B on H200; an
+        # engine upgrade gate) is the comparison itself, not a broken back-to-back pairing.
+        a, b = plan.arm("A"), plan.arm("B")
+        registered = {
+            "gpu_type": (a.labels.gpu if a.labels else None, b.labels.gpu if b.labels else None)
+            if a.external else (a.gpu, b.gpu),
+            "engine_version": (a.labels.engine_version if a.labels else None,
+                               b.labels.engine_version if b.labels else None)
+            if a.external else (a.engine.version, b.engine.version),
+        }
+        differs = {k for k, (x, y) in registered.items() if x != y}
         envs = []
         for r in by_arm.values():
             fp = r.fingerprint or {}
             envs.append(RunEnvironment(
-                arm=r.arm, gpu_type=str(fp.get("gpu_type", "")), engine_version=str(fp.get("engine_version", "")),
+                arm=r.arm,
+                gpu_type="registered per arm" if "gpu_type" in differs else str(fp.get("gpu_type", "")),
+                engine_version="registered per arm" if "engine_version" in differs
+                else str(fp.get("engine_version", "")),
                 node_pool=str(fp.get("node_pool", "")), started_s=_ts(r.started_at),
                 ended_s=_ts(r.finished_at or r.started_at),
                 # One measurement session = one experiment on one backend; a resumed controller

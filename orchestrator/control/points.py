@@ -153,7 +153,8 @@ class PointRunner:
         asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
                               ["warmup"] * len(offsets), api=plan.workload.api,
                               request_timeout_s=seconds + drain_seconds(plan),
-                              deadline_s=seconds + drain_seconds(plan)))
+                              deadline_s=seconds + drain_seconds(plan),
+                              headers=dict(dep.endpoint.headers)))
         settle(self.backend, dep)
 
     def workers(self, arm: str) -> int:
@@ -184,6 +185,7 @@ class PointRunner:
                 dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
                 api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
                 deadline_s=duration + drain_seconds(plan), keep_records=True,
+                headers=dict(dep.endpoint.headers),
             ))
         after_t, after = time.time(), scrape_samples(self.backend, dep)
         records = summary.records or []

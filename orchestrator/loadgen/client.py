@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -140,8 +140,11 @@ class StreamingClient(Protocol):
 
 
 class _Base:
-    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int):
+    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int,
+                 headers: Mapping[str, str] | None = None):
         self.url = base_url.rstrip("/") + endpoint_path(api)
+        # Extra headers (e.g. an API key) ride on every request; the body type is ours.
+        self.headers = {**(headers or {}), "Content-Type": "application/json"}
         self.health_url = base_url.rstrip("/") + "/health"
         self.model, self.api, self.clock = model, api, clock
         self.chat = api == "chat"
@@ -151,8 +154,9 @@ class _Base:
 class AiohttpClient(_Base):
     """aiohttp transport: a TCP pool sized by the caller, SSE read line by line."""
 
-    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0):
-        super().__init__(base_url, model, api, clock, max_connections)
+    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0,
+                 headers: Mapping[str, str] | None = None):
+        super().__init__(base_url, model, api, clock, max_connections, headers)
         self.session: aiohttp.ClientSession | None = None
 
     def _session(self) -> aiohttp.ClientSession:
@@ -169,7 +173,7 @@ class AiohttpClient(_Base):
 
         async def one() -> None:
             try:
-                async with s.get(self.health_url) as r:
+                async with s.get(self.health_url, headers=self.headers) as r:
                     await r.read()
             except aiohttp.ClientError:
                 pass
@@ -182,7 +186,7 @@ class AiohttpClient(_Base):
         rec.sent_s = self.clock.now()
         try:
             async with self._session().post(
-                self.url, data=body, headers={"Content-Type": "application/json"}
+                self.url, data=body, headers=self.headers
             ) as resp:
                 rec.http_status = resp.status
                 if resp.status != 200:
@@ -206,8 +210,9 @@ class AiohttpClient(_Base):
 class HttpxClient(_Base):
     """httpx transport (the design card's choice)."""
 
-    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0):
-        super().__init__(base_url, model, api, clock, max_connections)
+    def __init__(self, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0,
+                 headers: Mapping[str, str] | None = None):
+        super().__init__(base_url, model, api, clock, max_connections, headers)
         limits = httpx.Limits(
             max_connections=max_connections or None, max_keepalive_connections=max_connections or None
         )
@@ -216,7 +221,7 @@ class HttpxClient(_Base):
     async def warm(self, connections: int) -> None:
         async def one() -> None:
             with contextlib.suppress(httpx.HTTPError):
-                await self.client.get(self.health_url)
+                await self.client.get(self.health_url, headers=self.headers)
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
@@ -226,7 +231,7 @@ class HttpxClient(_Base):
         rec.sent_s = self.clock.now()
         try:
             async with self.client.stream(
-                "POST", self.url, content=body, headers={"Content-Type": "application/json"}
+                "POST", self.url, content=body, headers=self.headers
             ) as resp:
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
@@ -247,13 +252,14 @@ class HttpxClient(_Base):
 
 
 def make_client(
-    kind: ClientKind, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0
+    kind: ClientKind, base_url: str, model: str, api: Api, clock: Clock, max_connections: int = 0,
+    headers: Mapping[str, str] | None = None,
 ) -> StreamingClient:
     """A transport by name; ``max_connections`` 0 means as many as the load needs."""
     if kind == "aiohttp":
-        return AiohttpClient(base_url, model, api, clock, max_connections)
+        return AiohttpClient(base_url, model, api, clock, max_connections, headers)
     if kind == "httpx":
-        return HttpxClient(base_url, model, api, clock, max_connections)
+        return HttpxClient(base_url, model, api, clock, max_connections, headers)
     raise ValueError(f"unknown client {kind!r} (aiohttp or httpx)")
 
 

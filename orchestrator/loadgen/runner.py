@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -230,6 +230,7 @@ async def run_point(
     flush_s: float = 1.0,
     spin_s: float = 0.002,
     keep_records: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> PointSummary:
     """Send ``requests[i]`` at ``start + offsets[i]`` (open loop) and record each one.
 
@@ -243,7 +244,7 @@ async def run_point(
     if len(offs) and np.any(np.diff(offs) < 0):
         raise ValueError("offsets must be sorted")
     clock = Clock()
-    transport = make_client(client, endpoint_url, model, api, clock, max_connections)
+    transport = make_client(client, endpoint_url, model, api, clock, max_connections, headers)
     batcher = _Batcher(sink, batch_size, flush_s)
     point = _Point(transport, batcher, request_timeout_s)
     batcher.start()

@@ -65,3 +65,16 @@ def test_a_a_does_not_accept_a_ten_percent_win(store, state, tmp_path) -> None:
     for r in store.runs(out.experiment_id):
         for _, p in store.points(r.id).iterrows():
             assert len(store.requests(int(p.id))) == int(p.n_scheduled)
+
+
+def test_back_to_back_ignores_what_the_plan_registers_as_different(store, state) -> None:
+    plan = small_plan(name="e2e-h100-vs-h200", arms={
+        "A": {"gpu": "H100-PCIe", "layout": "colocated", "replicas": 1},
+        "B": {"gpu": "H200", "layout": "colocated", "replicas": 1},
+    })
+    out = run_in_process(store, plan, state)
+    runs = [r for r in store.runs(out.experiment_id) if r.valid]
+    assert {r.arm for r in runs} == {"A", "B"}
+    b2b = [g for r in runs for g in store.guard_results(r.id) if g.name == "back_to_back"]
+    assert b2b and all(g.passed for g in b2b), b2b
+    assert {r.fingerprint["gpu_type"] for r in runs} == {"H100-PCIe", "H200"}

@@ -120,13 +120,19 @@ def test_header_values_come_from_the_environment_and_are_never_stored() -> None:
         with pytest.raises(UserError, match="FAULT_KEY, which is not set"):
             ExternalBackend(env={}).deploy(plan, "A", KEY)
         be = ExternalBackend(env={"FAULT_KEY": "sk-test-123"})
-        try:
-            dep = be.deploy(plan, "A", KEY)
-        except UserError as e:
-            # Until the load generator carries extra headers the arm is refused, never run
-            # with load that the server would turn away.
-            assert "load generator sends no extra headers" in str(e)
-            return
-        be.ready(dep, 10)  # pragma: no cover - once Endpoint carries headers
-        assert "sk-test-123" not in json.dumps(dep.fingerprint)  # pragma: no cover
-        assert s.seen_headers[-1]["Authorization"] == "Bearer sk-test-123"  # pragma: no cover
+        dep = be.deploy(plan, "A", KEY)
+        be.ready(dep, 10)
+        assert "sk-test-123" not in json.dumps(dep.fingerprint) and "sk-test-123" not in repr(dep)
+        # The load itself carries the key (a point's streamed requests, not just the probes).
+        import asyncio
+
+        from orchestrator.loadgen.runner import run_point
+        from orchestrator.loadgen.workloads import build_requests
+
+        reqs = build_requests(plan.workload, 3, 1)
+        seen_before = len(s.seen_headers)
+        summary = asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, reqs, [0.0, 0.05, 0.1],
+                                        ["measure"] * 3, headers=dict(dep.endpoint.headers),
+                                        keep_records=True, request_timeout_s=10))
+        assert summary.by_status.get("ok") == 3, summary.by_status
+        assert all(h.get("Authorization") == "Bearer sk-test-123" for h in s.seen_headers[seen_before:])
