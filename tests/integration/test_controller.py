@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -37,13 +38,17 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`ray start --head --block` in its own process group, with a GPU pool of one H100-PCIe."""
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")  # short: Ray's socket paths are limited
+    # Ray >= 2.52 authenticates every control-plane call with a static token: one per test,
+    # given to the head and to every client through the environment.
     env = {**os.environ, "ORCH_SKIP_CALIBRATION": "1", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
            "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
            "ORCH_STATE_DIR": str(tmp_path / "state")}
     ray_bin = str(Path(sys.executable).parent / "ray")
     log = open(tmp_path / "ray-head.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+         "--node-ip-address=127.0.0.1",  # loopback only
          '--resources={"H100-PCIe": 1}', "--include-dashboard=false", f"--temp-dir={temp}",
          "--disable-usage-stats"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
