@@ -22,7 +22,7 @@ from pydantic import Field
 
 from orchestrator.backends.processes import free_port
 from orchestrator.backends.vllm_env import TINY_MODEL_ID, VllmEnv
-from orchestrator.errors import PermanentError
+from orchestrator.errors import PermanentError, UserError
 from orchestrator.plan import GPUS, Arm, Plan
 from orchestrator.plan.base import StrictModel
 
@@ -287,6 +287,8 @@ def render_arm(
     """Every process of an arm: engines (GPUs assigned by TP) and the router. Pure but for
     ``ports``; raises PermanentError when the arm cannot run on ``device``."""
     arm = plan.arm(arm_name)
+    if arm.external:
+        raise UserError(f"arms.{arm_name} is an external endpoint: the local backend has nothing to start")
     if device.kind == "cuda":
         _check_gpus(arm, arm_name, device)
     kv_dir = str(run_dir / "kv")

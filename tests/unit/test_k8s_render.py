@@ -20,10 +20,13 @@ from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.render import render_arm, router_args, to_yaml
 from orchestrator.cli.main import main
+from orchestrator.errors import UserError
 from orchestrator.plan import load_plan_file, validate_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# Examples whose arms are provisioned (an external arm runs elsewhere: nothing to render).
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if load_plan_file(p).backend != "external")
+EXTERNAL = ROOT / "examples" / "external-ab.yaml"
 FIXTURES = ROOT / "tests" / "fixtures" / "k8s"
 # Every minor release in this range must accept every object (strict: unknown fields fail).
 K8S_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0")
@@ -193,3 +196,9 @@ def test_cli_render_unknown_arm_is_one_line_exit_1(tmp_path: Path, capsys: pytes
     assert main(["k8s", "render", str(DISAGG), "--arm", "C", "--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["--arm: no arm 'C' in " + str(DISAGG) + "; arms are A, B"]
+
+
+def test_an_external_arm_has_nothing_to_render() -> None:
+    plan = load_plan_file(EXTERNAL)
+    with pytest.raises(UserError, match="external endpoint"):
+        render_arm(plan, "A", RunKey(plan.name, "A", 0))

@@ -28,7 +28,9 @@ from orchestrator.plan import GPUS, Plan, load_plan_file, validate_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "local"
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# Examples whose arms are provisioned (an external arm runs elsewhere: nothing to render).
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if load_plan_file(p).backend != "external")
+EXTERNAL = ROOT / "examples" / "external-ab.yaml"
 SETTINGS = LocalSettings(python="/opt/vllm/bin/python", router="/opt/orch/bin/vllm-router",
                          tiny_model_dir="/cache/tiny-llama")
 RUN_DIR = Path("/run/orch/exp/exp-a-b0-t0")

@@ -18,7 +18,7 @@ import yaml
 
 from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
-from orchestrator.errors import EnvironmentProblem
+from orchestrator.errors import EnvironmentProblem, UserError
 from orchestrator.plan import Arm, Plan, PoolSpec
 
 Obj = dict[str, Any]
@@ -67,6 +67,8 @@ def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = N
     """Every object the arm applies, in apply order: [Namespace], owner, router RBAC, pools,
     their Services, the router and its Service. ``namespace`` overrides the plan's."""
     arm = plan.arm(arm_name)
+    if arm.external:
+        raise UserError(f"arms.{arm_name} is an external endpoint: it runs elsewhere, nothing to render")
     ns = namespace or namespace_of(plan)
     labels = naming.run_labels(key)
     objs: list[Obj] = []
