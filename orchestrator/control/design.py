@@ -23,9 +23,10 @@ def block_order(design: Design, arms: tuple[str, str] = ("A", "B")) -> list[tupl
     return out
 
 
-def point_seed(base: int, block: int, rate: float, repeat: int = 0) -> int:
+def point_seed(base: int, block: int, rate: float, repeat: int = 0, attempt: int = 0) -> int:
     """Seed of one load point: a different block gets a different seed, and both arms of a
     block at the same rate get the same schedule and prompts (paired comparison). A rate
-    measured again in the same run (``repeat`` > 0) gets fresh prompts: repeating them on the
-    same server would turn its prefix cache into a cache of answers."""
-    return derive_seed(base, "point", block, f"{rate:.6g}", repeat)
+    measured again in the same run (``repeat`` > 0), or by a retried run (``attempt`` > 0),
+    gets fresh prompts: repeating them on a server that keeps its cache (an external
+    endpoint lives across runs) would turn the prefix cache into an answer cache."""
+    return derive_seed(base, "point", block, f"{rate:.6g}", repeat, attempt)

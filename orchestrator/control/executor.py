@@ -201,7 +201,7 @@ class Executor:
             fingerprint["ready_at"] = time.time()
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
                                  self.config.generator_ceiling)
-            runner.warm_up(dep, arm, block)
+            runner.warm_up(dep, arm, block, attempt)
             caps = self._search(plan, arm, block, run_id, dep, runner, points)
             for bar in plan.bars:
                 if bar.rate is not None and not _near(points, bar.rate):
@@ -251,7 +251,7 @@ class Executor:
         seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
         repeat = self._measured.get((run_id, rate), 0)
         self._measured[(run_id, rate)] = repeat + 1
-        p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat)
+        p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat, dep.key.attempt)
         points[rate] = p
         att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
         self.progress.point_done(f"{rate:.3g} req/s: attainment {att}" + ("" if p.valid else "  [guard failed]"))

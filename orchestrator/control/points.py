@@ -139,12 +139,12 @@ class PointRunner:
         self.spool_dir = spool_dir
         self.ceiling = generator_ceiling
 
-    def warm_up(self, dep: Deployment, arm: str, block: int) -> None:
+    def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0) -> None:
         """Cold servers (first requests, connection set-up, caches) must not leak into the first
         point: send the workload at the lowest search rate for a few seconds, unrecorded."""
         plan, s = self.plan, self.plan.search
         seconds = max(2.0, s.warmup_s)
-        seed = point_seed(plan.design.seed, block, -1.0)
+        seed = point_seed(plan.design.seed, block, -1.0, attempt=attempt)
         assert plan.workload.arrival is not None
         offsets = open_loop_offsets(plan.workload.arrival, max(s.rate.min, 2.0 / seconds), seconds, seed)
         if len(offsets) == 0:
@@ -163,10 +163,10 @@ class PointRunner:
 
     def measure(
         self, dep: Deployment, run_id: int, arm: str, block: int, seq: int, rate: float,
-        search_class: str | None, repeat: int = 0,
+        search_class: str | None, repeat: int = 0, attempt: int = 0,
     ) -> PointOutcome:
         plan, s = self.plan, self.plan.search
-        seed = point_seed(plan.design.seed, block, rate, repeat)
+        seed = point_seed(plan.design.seed, block, rate, repeat, attempt)
         duration = s.warmup_s + s.point_s + s.cooldown_s
         assert plan.workload.arrival is not None
         offsets = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
