@@ -32,7 +32,7 @@ BASE: dict[str, Any] = {
     "classes": ["standard"],
     "search": {"rate": {"min": 1, "max": 32}, "precision": 0.25, "point_s": 4, "warmup_s": 1,
                "cooldown_s": 0.5, "max_points": 3, "use_prior": False},
-    "design": {"blocks": 1, "order": "ABBA", "seed": 5, "max_retries": 1},
+    "design": {"blocks": 1, "order": "ABBA", "seed": 5, "max_retries": 2},
     "guards": {"max_send_lag_p99_ms": 50},
     "backend": "sim",
 }
