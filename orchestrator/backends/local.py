@@ -7,7 +7,8 @@ is proven against the real engine.
 What an arm becomes (``local_commands.render_arm``, pure and golden-tested):
 - one ``vllm serve`` process per worker. On a GPU box each gets ``CUDA_VISIBLE_DEVICES`` with
   its TP-many GPUs (prefill pool first, then decode); on CPU, ``VLLM_CPU_KVCACHE_SPACE`` sizes
-  the KV cache. The GPU form is the ``vllm`` console entry point's module
+  the KV cache and, with two or more engines, ``VLLM_CPU_OMP_THREADS_BIND`` gives each its own
+  share of the allowed cores (vLLM's "auto" would bind them all to the same ones). The GPU form is the ``vllm`` console entry point's module
   (``python -m vllm.entrypoints.cli.main serve``), exactly ``vllm serve``; the CPU packaging
   (``vllm-cpu``) breaks the console command, so there the OpenAI server module runs directly.
 - disaggregated arms: ``--kv-transfer-config`` with NixlConnector on GPUs; on CPU, where NIXL
@@ -44,6 +45,7 @@ from orchestrator.backends.local_commands import (
     Device,
     LocalSettings,
     ProcessSpec,
+    cpu_binds,
     engine_argv,
     free_ports,
     model_source,
@@ -63,7 +65,8 @@ from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Arm, Plan
 
 __all__ = [
-    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "engine_argv",
+    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "cpu_binds",
+    "engine_argv",
     "free_ports", "group_members", "model_source", "render_arm", "router_argv",
     "sequential_ports", "served_name", "stop_group",
 ]

@@ -34,11 +34,15 @@ ENGINE_MODULE_CPU = ("-m", "vllm.entrypoints.openai.api_server")
 # -- where and how ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Device:
-    """What the engines run on: ``cuda`` with ``gpus`` GPUs named ``name``, or ``cpu``."""
+    """What the engines run on: ``cuda`` with ``gpus`` GPUs named ``name``, or ``cpu``.
+
+    ``cpus``: the logical CPUs this process may use (CPU arms split them between engines;
+    empty: unknown, vLLM binds on its own)."""
 
     kind: Literal["cuda", "cpu"]
     gpus: int = 0
     name: str = ""
+    cpus: tuple[int, ...] = ()
 
     @classmethod
     def detect(cls) -> Device:
@@ -59,7 +63,13 @@ class Device:
                     return cls(kind="cuda", gpus=len(names), name=names[0])
             except (OSError, subprocess.SubprocessError, ValueError):
                 pass
-        return cls(kind="cpu", gpus=0, name=_cpu_name())
+        return cls(kind="cpu", gpus=0, name=_cpu_name(), cpus=_allowed_cpus())
+
+
+def _allowed_cpus() -> tuple[int, ...]:
+    with contextlib.suppress(AttributeError, OSError):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
 
 
 def _cpu_name() -> str:
@@ -303,6 +313,8 @@ def render_arm(
     urls: dict[str, list[str]] = {"worker": [], "prefill": [], "decode": []}
     connector: str | None = None
     next_gpu = 0
+    tps = [pool.tp for pool in arm.pools().values() for _ in range(pool.replicas)]
+    binds = iter(cpu_binds(device.cpus, tps) if device.kind == "cpu" else [None] * len(tps))
     for role, pool in arm.pools().items():
         kv_config = None
         if role != "worker":
@@ -310,6 +322,9 @@ def render_arm(
         for i in range(pool.replicas):
             port = next(ports)
             env = dict(base_env)
+            bind = next(binds)
+            if bind is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = bind
             if device.kind == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(next_gpu, next_gpu + pool.tp))
                 next_gpu += pool.tp
@@ -331,6 +346,55 @@ def render_arm(
     return ArmLayout(engines=tuple(engines), router=router, router_metrics_port=mport,
                      served_model=served_name(plan), kv_connector=connector,
                      kv_dir=kv_dir if connector == "ExampleConnector" else None)
+
+
+def cpu_binds(cpus: tuple[int, ...], tps: list[int]) -> list[str | None]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` of each engine of a CPU arm (``tps``: each engine's TP).
+
+    One engine keeps vLLM's own binding (None: "auto", which leaves a core to its scheduler).
+    With two or more, "auto" would bind every engine's OpenMP threads to the same first cores,
+    so the allowed CPUs are split into contiguous, disjoint shares, one per rank (the first
+    ranks get one more when they do not divide evenly); an engine's ranks are joined by ``|``
+    (vLLM's form for TP on CPU). With fewer CPUs than ranks, ranks share CPUs round robin."""
+    if len(tps) < 2 or not cpus:
+        return [None] * len(tps)
+    ranks = sum(tps)
+    if len(cpus) < ranks:
+        flat = [str(cpus[i % len(cpus)]) for i in range(ranks)]
+        out: list[str | None] = []
+        at = 0
+        for tp in tps:
+            out.append("|".join(flat[at:at + tp]))
+            at += tp
+        return out
+    shares = iter(_split(list(cpus), ranks))  # one share per rank: a TP-2 engine gets two
+    return ["|".join(_id_list(next(shares)) for _ in range(tp)) for tp in tps]
+
+
+def _split(items: list[int], n: int) -> list[list[int]]:
+    """``items`` in ``n`` contiguous parts, sizes differing by at most one (larger first)."""
+    q, r = divmod(len(items), n)
+    out: list[list[int]] = []
+    at = 0
+    for i in range(n):
+        size = q + (1 if i < r else 0)
+        out.append(items[at:at + size])
+        at += size
+    return out
+
+
+def _id_list(ids: list[int]) -> str:
+    """CPU ids in vLLM's list form: ``0-3,6``."""
+    parts: list[str] = []
+    start = prev = ids[0]
+    for i in [*ids[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
 
 
 def _check_gpus(arm: Arm, arm_name: str, device: Device) -> None:

@@ -18,6 +18,7 @@ from orchestrator.backends.local import (
     Device,
     LocalBackend,
     LocalSettings,
+    cpu_binds,
     model_source,
     render_arm,
     sequential_ports,
@@ -101,13 +102,42 @@ def test_every_engine_knob_reaches_the_command_line(arm: str) -> None:
 @pytest.mark.parametrize("arm", ["A", "B"])
 def test_cpu_arms_use_the_server_module_and_the_shared_storage_connector(arm: str) -> None:
     plan = _tiny_plan()
-    text = _render(plan, arm, Device(kind="cpu", name="test cpu"))
+    text = _render(plan, arm, Device(kind="cpu", name="test cpu", cpus=(0, 1, 2, 3)))
     _check_golden(f"tiny-{arm}.cpu.txt", text)
+    # Two engines on one CPU box: each its own half of the cores, not vLLM's "auto" (which
+    # binds every engine to the same first cores).
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-1" in text and "VLLM_CPU_OMP_THREADS_BIND=2-3" in text
     assert "CUDA_VISIBLE_DEVICES" not in text
     assert "--gpu-memory-utilization" not in text
     if arm == "B":
         assert '"kv_role":"kv_producer"' in text and '"kv_role":"kv_consumer"' in text
         assert "NixlConnector" not in text  # no NIXL transport on CPU
+
+
+@pytest.mark.parametrize(("cpus", "tps", "want"), [
+    ((0, 1), [1], [None]),  # one engine: vLLM's own binding (leaves a core to its scheduler)
+    ((), [1, 1], [None, None]),  # CPUs unknown
+    ((0, 1), [1, 1], ["0", "1"]),
+    ((0, 1, 2), [1, 1], ["0-1", "2"]),
+    ((0, 2, 4, 5, 6, 7), [1, 1], ["0,2,4", "5-7"]),
+    ((0, 1, 2, 3), [2, 1], ["0-1|2", "3"]),  # a TP-2 engine: one list per rank
+    ((0, 1), [1, 1, 1], ["0", "1", "0"]),  # more engines than CPUs: shared round robin
+    ((0, 1), [2, 1], ["0|1", "0"]),
+])
+def test_cpu_engines_split_the_cores(cpus: tuple[int, ...], tps: list[int], want: list[str | None]) -> None:
+    assert cpu_binds(cpus, tps) == want
+
+
+def test_one_cpu_engine_and_gpu_engines_get_no_thread_binding() -> None:
+    plan = _tiny_plan()
+    arms = {k: v.model_dump() for k, v in plan.arms.items()}
+    arms["A"]["replicas"] = 1
+    one = plan.model_copy(update={"arms": {k: type(plan.arm("A")).model_validate(v) for k, v in arms.items()}})
+    cpu = render_arm(one, "A", Device(kind="cpu", cpus=(0, 1)), SETTINGS, sequential_ports(1), RUN_DIR, "x")
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in dict(e.env) for e in cpu.engines)
+    qs = load_plan_file(ROOT / "examples" / "quickstart.yaml")
+    gpu = render_arm(qs, "A", _gpu_box(qs, "A"), SETTINGS, sequential_ports(1), RUN_DIR, "x")
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in dict(e.env) for e in gpu.engines)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
