@@ -2,7 +2,8 @@
 
 Only valid, finished runs count (a run that failed a guard is never evidence, DESIGN section 9).
 Without a time range, capacity statistics come from the capacity summaries (one row per
-configuration and class, kept by the repository). With one, they are aggregated live: on
+configuration and class, kept by the repository). With one, they are aggregated live from the
+capacities' own copies of their run's validity and end time (migration 0003): on
 PostgreSQL in the database (percentile_cont); SQLite has no percentile aggregate, so there the
 filtered rows are aggregated by pandas with the same (linear-interpolation) definition.
 """
@@ -63,6 +64,19 @@ def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.Colu
     return out
 
 
+def _counted_conditions(since_days: float, **filters: Any) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses of the time-ranged aggregate, on the capacities' own copies of their run's
+    validity and end time (one range of ix_capacities_counted_measured_at, no join to runs)."""
+    return [
+        Capacity.counted, Capacity.measured_at >= utcnow() - timedelta(days=since_days),
+        *_config_conditions(**filters),
+    ]
+
+
+def _counted_from() -> Any:
+    return sa.join(Capacity, DeploymentConfig, DeploymentConfig.id == Capacity.config_id)
+
+
 def _base_from() -> Any:
     return sa.join(Capacity, Run, Capacity.run_id == Run.id).join(
         DeploymentConfig, DeploymentConfig.id == Run.config_id
@@ -78,7 +92,7 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     if filters.get("since_days") is None:
         frame = _from_summaries(engine, **{k: v for k, v in filters.items() if k != "since_days"})
     elif engine.dialect.name == "postgresql":
-        where = _conditions(**filters)
+        where = _counted_conditions(**filters)
         cap = Capacity.capacity
         stmt = (
             sa.select(
@@ -88,16 +102,16 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
                 sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
                 sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
                 sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
-                sa.func.max(Run.finished_at).label("last_measured"),
+                sa.func.max(Capacity.measured_at).label("last_measured"),
             )
-            .select_from(_base_from()).where(*where).group_by(dc.id, Capacity.class_name)
+            .select_from(_counted_from()).where(*where).group_by(dc.id, Capacity.class_name)
         )
         with engine.begin() as conn:
             # keep the sort of a long time range in memory (the default 4 MB spills to disk)
             conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
             frame = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
     else:
-        frame = _aggregate_in_pandas(engine, _conditions(**filters))
+        frame = _aggregate_in_pandas(engine, _counted_conditions(**filters))
     if frame.empty:
         return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
     frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
@@ -125,9 +139,10 @@ def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnElement[bool]])
     stmt = (
         sa.select(
             dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-            Capacity.class_name.label("class"), Capacity.capacity, Run.finished_at,
+            Capacity.class_name.label("class"), Capacity.capacity,
+            Capacity.measured_at.label("finished_at"),
         )
-        .select_from(_base_from()).where(*where)
+        .select_from(_counted_from()).where(*where)
     )
     with engine.connect() as conn:
         raw = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])

@@ -205,7 +205,15 @@ class Capacity(Base):
     """A run's capacity at one service class (DESIGN section 7)."""
 
     __tablename__ = "capacities"
-    __table_args__ = (sa.UniqueConstraint("run_id", "class_name"),)
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "class_name"),
+        # time-ranged history reads one range of this index (capacities that count only)
+        sa.Index(
+            "ix_capacities_counted_measured_at", "measured_at",
+            postgresql_include=["config_id", "class_name", "capacity"],
+            postgresql_where=sa.text("counted"), sqlite_where=sa.text("counted"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     run_id: Mapped[int] = mapped_column(sa.ForeignKey("runs.id", ondelete=CASCADE))
@@ -214,6 +222,11 @@ class Capacity(Base):
     at_rate: Mapped[float | None] = mapped_column(sa.Double)
     attainment: Mapped[float | None] = mapped_column(sa.Double)
     points_used: Mapped[int] = mapped_column(sa.Integer)
+    # Copies of the run's configuration, validity and end time, kept by the repository
+    # (summaries.sync_capacities) so history needs no join to runs.
+    config_id: Mapped[int | None] = mapped_column(sa.ForeignKey("deployment_configs.id", ondelete=CASCADE))
+    counted: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
+    measured_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class BarVerdict(Base):

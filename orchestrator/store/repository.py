@@ -315,6 +315,7 @@ class Store:
                 row.nodes = fp["nodes"]
             row.finished_at = utcnow()
             s.flush()
+            summaries.mark_capacities(s, row)
             classes = s.scalars(sa.select(Capacity.class_name).where(Capacity.run_id == run_id)).all()
             summaries.refresh(s, row.config_id, classes)
 
@@ -430,6 +431,7 @@ class Store:
                 for k, v in values.items():
                     setattr(row, k, v)
             s.flush()
+            summaries.mark_capacities(s, run)
             summaries.refresh(s, run.config_id, [class_name])
 
     def capacities(self, experiment_id: int) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -81,6 +82,33 @@ def refresh(session: Session, config_id: int, class_names: Iterable[str]) -> Non
     ])
 
 
+def mark_capacities(session: Session, run: Run) -> None:
+    """Copy the run's configuration, validity and end time onto its capacities (the columns
+    time-ranged history reads instead of joining runs)."""
+    session.execute(
+        sa.update(Capacity).where(Capacity.run_id == run.id).values(
+            config_id=run.config_id, measured_at=run.finished_at,
+            counted=bool(run.valid) and run.status == "done",
+        ),
+        execution_options={"synchronize_session": False},
+    )
+
+
+def mark_all_capacities(session: Session) -> None:
+    """mark_capacities for every run at once (after edits made outside the Store)."""
+    def of_run(col: Any) -> Any:
+        return sa.select(col).where(Run.id == Capacity.run_id).scalar_subquery()
+
+    counted = sa.and_(Run.valid.is_(True), Run.status == "done")
+    session.execute(
+        sa.update(Capacity).values(
+            config_id=of_run(Run.config_id), measured_at=of_run(Run.finished_at),
+            counted=sa.func.coalesce(of_run(counted), sa.false()),
+        ),
+        execution_options={"synchronize_session": False},
+    )
+
+
 def groups_of_runs(session: Session, where: sa.ColumnElement[bool]) -> dict[int, set[str]]:
     """config_id -> classes with a capacity, for the runs matching ``where``."""
     out: dict[int, set[str]] = defaultdict(set)
@@ -92,9 +120,10 @@ def groups_of_runs(session: Session, where: sa.ColumnElement[bool]) -> dict[int,
 
 
 def rebuild(engine: sa.Engine) -> int:
-    """Recompute every summary from the runs (after edits made outside the Store); returns the
+    """Recompute every capacity's copied run columns and every summary from the runs (after edits made outside the Store); returns the
     number of (configuration, class) summaries there are now."""
     with Session(engine) as s, s.begin():
+        mark_all_capacities(s)
         s.execute(sa.delete(CapacitySummary))
         for config_id, classes in groups_of_runs(s, sa.true()).items():
             refresh(s, config_id, classes)

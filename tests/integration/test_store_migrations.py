@@ -61,7 +61,8 @@ def test_upgrade_then_downgrade_then_upgrade(db_url: str) -> None:
 
 
 def test_upgrade_to_summaries_summarises_existing_history(db_url: str) -> None:
-    """0002 on a database that already holds runs: the summaries equal the live aggregate."""
+    """0002 and 0003 on a database that already holds runs: the summaries equal the live
+    aggregate, and the capacities carry their run's configuration, validity and time."""
     from orchestrator.plan import load_plan_file
     from orchestrator.store import Store
 
@@ -86,6 +87,10 @@ def test_upgrade_to_summaries_summarises_existing_history(db_url: str) -> None:
     assert summary.to_dict("records") == live.to_dict("records")
     assert (summary.loc[0, "runs"], summary.loc[0, "median"], summary.loc[0, "max"]) == (3, 200.0, 300.0)
     assert summary.loc[0, "last_measured"].day == 3
+    with engine.connect() as conn:
+        copied = conn.execute(sa.text(
+            "select c.config_id, c.counted, c.measured_at is not null from capacities c order by c.id")).all()
+    assert [tuple(r) for r in copied] == [(cfg, True, True)] * 3 + [(cfg, False, True)]
     engine.dispose()
 
 
