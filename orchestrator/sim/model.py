@@ -20,7 +20,7 @@ Constants, each with its source:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.plan import EngineConfig, GPUSpec, ModelSpec, SpeculativeConfig
 
@@ -92,6 +92,12 @@ class WorkerModel:
     speculative_acceptance: float = 0.7
     speculative_draft_cost: float = 0.05
     efficiency_scale: float = 1.0  # run-to-run jitter multiplies both efficiencies
+    # A device measured rather than from a datasheet (DeviceProfile) overrides these; the
+    # defaults are the constants above.
+    step_overhead_s: float = STEP_OVERHEAD_S
+    bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
+    compute_efficiency: float = COMPUTE_EFFICIENCY
+    kv_cache_bytes: float | None = None  # KV cache size when set (CPU: VLLM_CPU_KVCACHE_SPACE)
 
     @classmethod
     def from_engine(
@@ -133,9 +139,13 @@ class WorkerModel:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        """Tokens of KV cache that fit: usable memory minus weights and activations, in blocks."""
-        usable = self.gpu.memory_bytes * self.gpu_memory_utilization * self.tp
-        free = usable - self.weight_bytes - ACTIVATION_RESERVE_BYTES * self.tp
+        """Tokens of KV cache that fit: usable memory minus weights and activations, in blocks
+        (or ``kv_cache_bytes`` when the cache is sized explicitly)."""
+        if self.kv_cache_bytes is not None:
+            free = self.kv_cache_bytes
+        else:
+            usable = self.gpu.memory_bytes * self.gpu_memory_utilization * self.tp
+            free = usable - self.weight_bytes - ACTIVATION_RESERVE_BYTES * self.tp
         blocks = int(max(free, 0.0) // (self.kv_bytes_per_token * BLOCK_TOKENS))
         return blocks * BLOCK_TOKENS
 
@@ -147,12 +157,12 @@ class WorkerModel:
     # --- throughput ---------------------------------------------------------------------
     @property
     def _bandwidth(self) -> float:
-        return self.gpu.bandwidth_bytes_s * self.tp * BANDWIDTH_EFFICIENCY * self.efficiency_scale
+        return self.gpu.bandwidth_bytes_s * self.tp * self.bandwidth_efficiency * self.efficiency_scale
 
     @property
     def _flops(self) -> float:
         peak = self.gpu.fp8_flops if self.quantization == "fp8" else self.gpu.bf16_flops
-        return peak * self.tp * COMPUTE_EFFICIENCY * self.efficiency_scale
+        return peak * self.tp * self.compute_efficiency * self.efficiency_scale
 
     @property
     def tokens_per_pass(self) -> float:
@@ -194,11 +204,11 @@ class WorkerModel:
         for c in prefill:
             nbytes += c.context * self.kv_bytes_per_token
             flops += self._attention_flops(c.tokens, c.context + c.tokens / 2.0)
-        t = STEP_OVERHEAD_S + max(nbytes / self._bandwidth, flops / self._flops)
+        t = self.step_overhead_s + max(nbytes / self._bandwidth, flops / self._flops)
         t += self.allreduce_s(decode_positions + prefill_tokens)
         if k and decode_seqs:
             # k draft steps, each a fraction c of a plain decode pass of the same batch.
-            plain = STEP_OVERHEAD_S + max(
+            plain = self.step_overhead_s + max(
                 (self.step_weight_bytes + decode_context_tokens * self.kv_bytes_per_token) / self._bandwidth,
                 2.0 * self.model.active * decode_seqs / self._flops,
             )
@@ -228,3 +238,31 @@ class WorkerModel:
         if tokens <= 0:
             return 0.0
         return KV_TRANSFER_LATENCY_S + tokens * self.kv_bytes_per_token / (link_bytes_s * self.tp)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A device described by what one engine step achieves on it, fitted from a few measured
+    points of a real server (``benchmarks/sim_vs_vllm.py`` fits vLLM's CPU build) instead of a
+    datasheet: effective bandwidth and FLOP/s (no efficiency factor applied on top), the fixed
+    cost of a step ``t0``, and the KV cache size of one engine."""
+
+    name: str
+    bandwidth_bytes_s: float
+    flops: float
+    step_overhead_s: float
+    kv_cache_bytes: float
+
+    def gpu_spec(self) -> GPUSpec:
+        """The profile as a GPU type (the figures are effective; no NVLink: TP 1)."""
+        return GPUSpec(
+            name=self.name, memory_bytes=self.kv_cache_bytes, bandwidth_bytes_s=self.bandwidth_bytes_s,
+            bf16_flops=self.flops, fp8_flops=self.flops, nvlink_bytes_s=self.bandwidth_bytes_s,
+            node_labels=(self.name,), gpus_per_node=1,
+        )
+
+    def worker(self, model: ModelSpec, engine: EngineConfig, tp: int = 1) -> WorkerModel:
+        """One engine on this device with a plan's engine knobs."""
+        w = WorkerModel.from_engine(self.gpu_spec(), model, tp, engine)
+        return replace(w, step_overhead_s=self.step_overhead_s, bandwidth_efficiency=1.0,
+                       compute_efficiency=1.0, kv_cache_bytes=self.kv_cache_bytes)
