@@ -4,7 +4,7 @@ The one entry point is ``Store.open(url)``; history queries return pandas DataFr
 """
 
 from orchestrator.store.database import ENV_VAR, default_url
-from orchestrator.store.ingest import DuplicateRequestRecords
+from orchestrator.store.ingest import DuplicateRequestRecords, UnknownPoint
 from orchestrator.store.repository import ImmutableRegistration, NotFound, Store, StoreConflict
 from orchestrator.store.rows import (
     ExperimentInfo,
@@ -18,6 +18,6 @@ from orchestrator.store.rows import (
 
 __all__ = [
     "ENV_VAR", "DuplicateRequestRecords", "ExperimentInfo", "GuardRecord", "ImmutableRegistration",
-    "NotFound", "Registration", "RunInfo", "Store", "StoreConflict", "VerdictInfo", "arm_config",
+    "NotFound", "Registration", "RunInfo", "Store", "StoreConflict", "UnknownPoint", "VerdictInfo", "arm_config",
     "config_columns", "default_url",
 ]

@@ -6,10 +6,11 @@ import random
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from orchestrator.plan import load_plan_file
 from orchestrator.records import RECORD_FIELDS, STATUSES, RequestRecord
-from orchestrator.store import DuplicateRequestRecords, Store
+from orchestrator.store import DuplicateRequestRecords, Store, UnknownPoint
 from orchestrator.store.models import REQUEST_COLUMNS
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
@@ -76,7 +77,19 @@ def test_a_repeated_batch_is_refused_and_stores_nothing(db_url: str) -> None:
         with pytest.raises(DuplicateRequestRecords):
             store.ingest_requests(point, records[200:])  # overlaps 200..299
         assert len(store.requests(point)) == 300  # the failed batch left nothing behind
-        with pytest.raises(DuplicateRequestRecords):
-            store.ingest_requests(point + 1000, records[:1])  # no such point
+        with pytest.raises(UnknownPoint, match="no such load point"):
+            store.ingest_requests(point + 1000, records[:1])
         assert store.ingest_requests(point, records[300:]) == 200
         assert store.requests(point) == records
+
+
+def test_deleting_a_point_deletes_its_requests(db_url: str) -> None:
+    """requests has no foreign key (migration 0004): a trigger removes a point's requests."""
+    with Store.open(db_url) as store:
+        point, other = _point(store), _point(store)
+        store.ingest_requests(point, _records(50, seed=5))
+        store.ingest_requests(other, _records(20, seed=6))
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("delete from load_points where id = :p"), {"p": point})
+            left = conn.execute(sa.text("select point_id, count(*) from requests group by point_id")).all()
+        assert [tuple(r) for r in left] == [(other, 20)]
