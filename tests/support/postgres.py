@@ -74,8 +74,9 @@ class PrivatePostgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start(bindir: Path) -> PrivatePostgres:
-    """initdb + start on a free loopback port; as the `postgres` user when we are root."""
+def start(bindir: Path, settings: dict[str, str] | None = None) -> PrivatePostgres:
+    """initdb + start on a free loopback port; as the `postgres` user when we are root.
+    ``settings`` adds server settings (name -> value), e.g. a benchmark's shared_buffers."""
     root = Path(tempfile.mkdtemp(prefix="orch-pg-"))
     run_as: list[str] = []
     if os.geteuid() == 0:  # initdb refuses to run as root
@@ -89,6 +90,7 @@ def start(bindir: Path) -> PrivatePostgres:
                 "-E", "UTF8", "--no-sync")
         opts = (f"-p {pg.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
                 "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        opts += "".join(f" -c {k}={v}" for k, v in (settings or {}).items())
         pg._run(str(bindir / "pg_ctl"), "-D", str(root / "data"), "-o", opts, "-l",
                 str(root / "log"), "-w", "-t", "60", "start")
     except subprocess.CalledProcessError as e:
