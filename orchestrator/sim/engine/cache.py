@@ -12,8 +12,9 @@ block of slack per sequence for its last, partly filled block.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Sequence
+from itertools import compress
 
 from orchestrator.sim.model import BLOCK_TOKENS
 
@@ -23,71 +24,69 @@ SLACK_TOKENS = BLOCK_TOKENS // 2
 def block_hashes(words: Sequence[str]) -> tuple[int, ...]:
     """Chained hashes of the full 16-token blocks of a prompt (one token = one word)."""
     out: list[int] = []
-    parent = 0
-    for i in range(0, len(words) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-        parent = hash((parent, *words[i : i + BLOCK_TOKENS]))
-        out.append(parent)
+    _extend_hashes(0, words, out)
     return tuple(out)
 
 
 def _extend_hashes(parent: int, words: Sequence[str], out: list[int]) -> int:
     """Hash the full blocks of ``words`` after ``parent`` into ``out``; returns the words used."""
-    n = len(words) - len(words) % BLOCK_TOKENS
-    for i in range(0, n, BLOCK_TOKENS):
-        parent = hash((parent, *words[i : i + BLOCK_TOKENS]))
-        out.append(parent)
-    return n
+    append = out.append
+    # zip over one iterator yields the full 16-word blocks as tuples, in C (the hot path)
+    for block in zip(*[iter(words)] * BLOCK_TOKENS, strict=False):
+        parent = hash((parent, block))
+        append(parent)
+    return len(words) - len(words) % BLOCK_TOKENS
 
 
 class PromptHasher:
-    """``block_hashes`` of prompt texts, reusing the work done for a known beginning.
+    """Chained block hashes of the prompts of one virtual run, at a cost that does not grow with
+    the prompt (the virtual engine's hot path: ~125 blocks per 2,000-token prompt).
 
-    A multi-turn prompt is the previous turn's prompt plus new words, and every first turn
-    starts with the shared system prompt: hashing (and splitting) only what is new makes the
-    cost per request proportional to its new words, not its whole history (the virtual
-    engine's hot path). The hashes are exactly ``block_hashes(text.split())``: a remembered
-    text is reused only when the new text starts with it and a word boundary follows.
+    Blocks inside the shared prefix are hashed by content, once per run. Past it, every prompt of
+    the workload starts with its conversation's unique nonce (orchestrator.loadgen.workloads), so
+    the first block past the prefix names the conversation and the blocks after it are named by
+    position: ``hash((that block's hash, k))``. That is exact whenever texts sharing that first
+    block extend one another, as a conversation's turns do; this is checked (a prefix comparison
+    with the longest such text seen), and a text that fails it is hashed by content instead, so
+    an unusual input can only miss hits, never make false ones.
     """
 
     def __init__(self) -> None:
-        # key -> (text, hashes of its full blocks, its words after the last full block)
-        self._known: dict[object, tuple[str, tuple[int, ...], list[str]]] = {}
+        self._head: tuple[str, tuple[int, ...]] | None = None  # shared prefix's full blocks
+        self._head_words = -1
+        self._longest: dict[int, str] = {}  # conversation block hash -> longest text seen
 
-    def hashes(self, text: str, keys: Sequence[object] = (), remember: object = None,
-               shared_words: int = 0) -> tuple[int, ...]:
-        """Block hashes of ``text``; ``keys`` name remembered texts that may start it (tried in
-        order), ``remember`` stores this text under a key, ``shared_words`` > 0 also stores its
-        first words under the key "shared" (the system prompt every request starts with)."""
-        base: tuple[str, tuple[int, ...], list[str]] | None = None
-        for k in keys:
-            known = self._known.get(k)
-            if known is not None and text.startswith(known[0]) and (
-                len(text) == len(known[0]) or text[len(known[0])].isspace()
-            ):
-                base = known
-                break
-        if base is None:
-            words = text.split()
-            if shared_words >= BLOCK_TOKENS and "shared" not in self._known:
-                head = words[:shared_words]
-                out: list[int] = []
-                used = _extend_hashes(0, head, out)
-                self._known["shared"] = (" ".join(head), tuple(out), head[used:])
-            hashes = block_hashes(words)
-            rest = words[len(hashes) * BLOCK_TOKENS :]
-        else:
-            prev_text, prev_hashes, prev_rest = base
-            tail = prev_rest + text[len(prev_text) :].split()
-            out = list(prev_hashes)
-            used = _extend_hashes(prev_hashes[-1] if prev_hashes else 0, tail, out)
-            hashes, rest = tuple(out), tail[used:]
-        if remember is not None:
-            self._known[remember] = (text, hashes, rest)
-        return hashes
+    def hashes(self, text: str, prompt_tokens: int, shared_words: int = 0) -> tuple[int, ...]:
+        """Block hashes of ``text`` (``prompt_tokens`` words) whose first ``shared_words`` words
+        are the run's shared prefix."""
+        n_blocks = prompt_tokens // BLOCK_TOKENS
+        head = self._head_of(text, shared_words)
+        if head is None:
+            return block_hashes(text.split())
+        head_text, head_hashes = head
+        b0 = len(head_hashes)
+        if n_blocks <= b0:
+            return head_hashes[:n_blocks]
+        if b0 and not (text.startswith(head_text) and text[len(head_text)].isspace()):
+            return block_hashes(text.split())
+        rest = text[len(head_text) :].split(maxsplit=BLOCK_TOKENS)
+        first = hash((head_hashes[-1] if b0 else 0, tuple(rest[:BLOCK_TOKENS])))
+        known = self._longest.get(first)
+        if known is None or (len(text) >= len(known) and text.startswith(known)):
+            self._longest[first] = text
+        elif not known.startswith(text):
+            return block_hashes(text.split())  # same first block, different story: by content
+        return (*head_hashes, first, *[hash((first, k)) for k in range(b0 + 1, n_blocks)])
 
-    def forget(self, key: object) -> None:
-        """Drop a remembered text (a conversation that will not return)."""
-        self._known.pop(key, None)
+    def _head_of(self, text: str, shared_words: int) -> tuple[str, tuple[int, ...]] | None:
+        if shared_words != self._head_words:
+            words = text.split(maxsplit=shared_words)[:shared_words] if shared_words else []
+            if len(words) < shared_words:
+                return None
+            full = len(words) - len(words) % BLOCK_TOKENS
+            self._head = (" ".join(words[:full]), block_hashes(words[:full]))
+            self._head_words = shared_words
+        return self._head
 
 
 class KVMemory:
@@ -97,7 +96,12 @@ class KVMemory:
         self.capacity_tokens = capacity_tokens
         self.caching = caching
         self.referenced: dict[int, int] = {}  # block hash -> running sequences using it
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unused, LRU first
+        # Cached, unused blocks: hash -> the release that freed it. The queue holds each release
+        # (its stamp and blocks, head to tail), oldest first; a block reused since it was freed
+        # leaves a stale entry behind, skipped at eviction.
+        self.evictable: dict[int, int] = {}
+        self._lru: deque[tuple[int, list[int]]] = deque()
+        self._releases = 0
         self.private_tokens = 0.0
         self.sequences = 0
         # vLLM's counters (prefix_cache_queries / prefix_cache_hits, in tokens)
@@ -131,17 +135,41 @@ class KVMemory:
 
     def _evict_to_fit(self) -> None:
         over = self.used_tokens + len(self.evictable) * BLOCK_TOKENS - self.capacity_tokens
-        while over > 0 and self.evictable:
-            self.evictable.popitem(last=False)
-            over -= BLOCK_TOKENS
+        if over <= 0:
+            return
+        ev, lru = self.evictable, self._lru
+        while over > 0 and ev:
+            stamp, blocks = lru[0]
+            while blocks and over > 0:
+                h = blocks.pop()  # the chain's tail first, as vLLM frees blocks
+                if ev.get(h) == stamp:
+                    del ev[h]
+                    over -= BLOCK_TOKENS
+            if not blocks:
+                lru.popleft()
+
+    def _reference(self, hashes: Sequence[int]) -> None:
+        """Add one reference to each block (distinct hashes: a chain never repeats one)."""
+        if not hashes:
+            return
+        ref, ev = self.referenced, self.evictable
+        # Bulk dict and set operations run in C; only blocks already in use or cached (shared
+        # prefixes, typically few per request) need a step of their own.
+        if ref.keys().isdisjoint(hashes):
+            fresh = hashes
+        else:
+            held = ref.keys() & hashes
+            for h in held:
+                ref[h] += 1
+            fresh = [h for h in hashes if h not in held]
+        if ev and not ev.keys().isdisjoint(fresh):
+            for h in ev.keys() & fresh:
+                del ev[h]  # its queue entry turns stale
+        ref.update(dict.fromkeys(fresh, 1))
 
     def admit(self, hashes: Sequence[int], hit_blocks: int, private_tokens: float) -> None:
         """A sequence starts: reference its cached blocks, allocate its private tokens."""
-        ref, ev = self.referenced, self.evictable
-        for h in hashes[:hit_blocks]:
-            if h in ev:
-                del ev[h]
-            ref[h] = ref.get(h, 0) + 1
+        self._reference(hashes[:hit_blocks])
         self.private_tokens += private_tokens
         self.sequences += 1
         self._evict_to_fit()
@@ -158,26 +186,29 @@ class KVMemory:
         """
         if not self.caching:
             return 0
-        ref, ev = self.referenced, self.evictable
-        moved = 0
-        for h in hashes[from_block:]:
-            if h in ev:
-                del ev[h]
-            ref[h] = ref.get(h, 0) + 1
-            moved += BLOCK_TOKENS
+        new = hashes[from_block:]
+        self._reference(new)
+        moved = len(new) * BLOCK_TOKENS
         self.private_tokens -= moved
         return moved
 
-    def release(self, hashes: Iterable[int], private_tokens: float) -> None:
+    def release(self, hashes: Sequence[int], private_tokens: float) -> None:
         """A sequence ended or was preempted: unreference its blocks (they stay cached, LRU)."""
         ref, ev = self.referenced, self.evictable
-        for h in hashes:
-            n = ref.get(h, 0) - 1
-            if n > 0:
-                ref[h] = n
-            elif n == 0:
-                del ref[h]
-                ev[h] = None
+        counts = list(map(ref.__getitem__, hashes))
+        # blocks this sequence held the only reference to (C-level filtering: the hot path)
+        last = list(compress(hashes, map((1).__eq__, counts)))
+        if len(last) < len(counts):
+            for h, n in zip(hashes, counts, strict=True):
+                if n > 1:
+                    ref[h] = n - 1
+        if last:
+            deque(map(ref.__delitem__, last), maxlen=0)
+            # now cached and unused, the newest release in the LRU order
+            self._releases += 1
+            stamp = self._releases
+            ev.update(dict.fromkeys(last, stamp))
+            self._lru.append((stamp, last))
         self.private_tokens = max(0.0, self.private_tokens - private_tokens)
         self.sequences -= 1
         self._evict_to_fit()

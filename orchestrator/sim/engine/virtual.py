@@ -125,11 +125,7 @@ class _Run:
         h = self.hashes.get(i)
         if h is None:
             r = self.requests[i]
-            # A conversation's turn extends its previous turn; first turns share the system
-            # prompt: hash only the new words (identical hashes, a fraction of the cost).
-            conv = ("conversation", r.conversation_id)
-            h = self.hasher.hashes(r.prompt, keys=(conv, "shared"), remember=conv,
-                                   shared_words=getattr(r, "shared_prefix_tokens", 0))
+            h = self.hasher.hashes(r.prompt, r.prompt_tokens, getattr(r, "shared_prefix_tokens", 0))
             self.hashes[i] = h
         return h
 
