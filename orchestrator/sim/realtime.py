@@ -2,7 +2,9 @@
 
 Each worker runs one asyncio task: schedule a step, sleep until its end on an absolute
 timeline (no drift), apply it, hand each request its tokens. Tokens therefore leave at the
-times the performance model gives (within the loop's timer resolution).
+times the performance model gives: the last ~2 ms before a step's end are waited out by
+yielding to the loop, not by its ~1 ms-resolution timers; the server exports how late each step
+ended (orch_sim_step_lateness_seconds).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from orchestrator.sim.engine import ClusterSpec, Router, Sequence, Worker, block
 
 # Beyond this lateness the timeline restarts from now instead of trying to catch up.
 MAX_CATCH_UP_S = 0.050
+# The event loop's timers wake up to ~1 ms late (epoll rounds its timeout up to whole
+# milliseconds): sleep until this long before a step's end, then yield to the loop until it.
+SPIN_S = 0.002
 
 
 @dataclass(eq=False)
@@ -31,9 +36,11 @@ class Pending:
 class RealtimeWorker:
     """One simulated worker stepping in real time."""
 
-    def __init__(self, worker: Worker, on_step: Callable[[Worker, float], None] | None = None):
+    def __init__(self, worker: Worker, on_step: Callable[[Worker, float], None] | None = None,
+                 on_late: Callable[[float], None] | None = None):
         self.worker = worker
         self.on_step = on_step
+        self.on_late = on_late  # seconds a step's tokens left after the model's step end
         self.pending: dict[int, Pending] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -71,8 +78,12 @@ class RealtimeWorker:
                 continue
             end = t + dur
             delay = end - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if delay > SPIN_S:
+                await asyncio.sleep(delay - SPIN_S)
+            while loop.time() < end:
+                await asyncio.sleep(0)  # other tasks (HTTP streams, workers) run meanwhile
+            if self.on_late is not None:
+                self.on_late(max(0.0, loop.time() - end))
             res = w.end_step(end)
             t = end
             for seq, n in res.decoded:
@@ -94,19 +105,20 @@ class SimCluster:
     """Workers (one, or a whole arm) with a router, serving requests in real time."""
 
     def __init__(self, cluster: ClusterSpec, role: str = "both", seed: int = 0,
-                 on_step: Callable[[Worker, float], None] | None = None):
+                 on_step: Callable[[Worker, float], None] | None = None,
+                 on_late: Callable[[float], None] | None = None):
         self.role = role
         self.disaggregated = cluster.disaggregated
         kw = dict(link_bytes_s=cluster.link_bytes_s, stall_every_steps=cluster.stall_every_steps,
                   stall_s=cluster.stall_s, track_emissions=True)
         rk = dict(cache_threshold=cluster.cache_threshold, balance_abs_threshold=cluster.balance_abs_threshold)
         if cluster.disaggregated:
-            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step)  # type: ignore[arg-type]
+            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
                           for i, m in enumerate(cluster.prefill)]
-            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step)  # type: ignore[arg-type]
+            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
                          for i, m in enumerate(cluster.decode)]
         else:
-            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step)  # type: ignore[arg-type]
+            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
                           for i, m in enumerate(cluster.workers)]
             self.back = []
         self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]

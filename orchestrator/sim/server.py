@@ -96,9 +96,17 @@ class SimServer:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed)
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
+        # Not a vLLM series: how late each step's tokens left against the model's timeline, so
+        # a user (and sim_bench) can see when the simulator itself is the bottleneck.
+        self.lateness = Histogram(
+            "orch_sim_step_lateness_seconds", "Lateness of step ends against the model.", labels,
+            registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+        ).labels(config.served_model_name, "0")
+        self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed,
+                                  on_late=self.lateness.observe)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", labels, registry=self.registry,
                               buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))

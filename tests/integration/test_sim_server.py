@@ -88,6 +88,11 @@ def test_metrics_parse_with_vllm_names(server: str) -> None:
         assert name in fams, name
     gen = [s.value for s in fams["vllm:generation_tokens"].samples if s.name.endswith("_total")]
     assert gen == [3.0]
+    # the simulator's own lateness against the model: one observation per step (3 tokens, >= 3)
+    late = {s.name: s.value for s in fams["orch_sim_step_lateness_seconds"].samples
+            if s.name.endswith(("_count", "_sum"))}
+    assert late["orch_sim_step_lateness_seconds_count"] >= 3
+    assert 0 <= late["orch_sim_step_lateness_seconds_sum"] < 1.0
 
 
 def test_kv_transfer_handoff_prefill_then_decode() -> None:
