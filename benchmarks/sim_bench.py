@@ -137,7 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=60.0, help="virtual seconds per run")
-    ap.add_argument("--server-rates", default="5,20,40,50,60,70,80")
+    ap.add_argument("--server-rates", default="5,20,40,60,80,100,120")
     ap.add_argument("--server-seconds", type=float, default=10.0)
     ap.add_argument("--skip-server", action="store_true")
     args = ap.parse_args()
