@@ -25,7 +25,8 @@ from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunne
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.verdicts import BACK_TO_BACK, BarOutcome, gate_exit_code, judge_experiment
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
-from orchestrator.plan import Plan, plan_hash
+from orchestrator.plan import Plan
+from orchestrator.store.repository import same_plan
 
 
 class RunInvalid(Exception):
@@ -111,7 +112,7 @@ class Executor:
         else:
             exp_id, resumed = experiment_id, True
             reg = self.store.get_registration(self.store.get_experiment(exp_id).registration_id)
-            if reg.sha256 != plan_hash(plan):
+            if not same_plan(reg.canonical_json, plan):
                 raise UserError(f"experiment {exp_id} was registered with a different plan")
         exp = self.store.get_experiment(exp_id)
         self.store.set_experiment_status(exp_id, "running", controller_id=self.session)

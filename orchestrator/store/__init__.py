@@ -5,7 +5,13 @@ The one entry point is ``Store.open(url)``; history queries return pandas DataFr
 
 from orchestrator.store.database import ENV_VAR, default_url
 from orchestrator.store.ingest import DuplicateRequestRecords, UnknownPoint
-from orchestrator.store.repository import ImmutableRegistration, NotFound, Store, StoreConflict
+from orchestrator.store.repository import (
+    ImmutableRegistration,
+    NotFound,
+    Store,
+    StoreConflict,
+    same_plan,
+)
 from orchestrator.store.rows import (
     ExperimentInfo,
     GuardRecord,
@@ -18,6 +24,6 @@ from orchestrator.store.rows import (
 
 __all__ = [
     "ENV_VAR", "DuplicateRequestRecords", "ExperimentInfo", "GuardRecord", "ImmutableRegistration",
-    "NotFound", "Registration", "RunInfo", "Store", "StoreConflict", "UnknownPoint", "VerdictInfo", "arm_config",
+    "NotFound", "Registration", "RunInfo", "Store", "StoreConflict", "UnknownPoint", "VerdictInfo", "arm_config", "same_plan",
     "config_columns", "default_url",
 ]

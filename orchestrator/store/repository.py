@@ -7,6 +7,7 @@ was in, and a resumed one finds everything before it (DESIGN section 6).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import EnvironmentProblem, PermanentError, UserError
+from orchestrator.errors import EnvironmentProblem, PermanentError, PlanError, UserError
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
 from orchestrator.store import database, history, summaries
@@ -86,6 +87,18 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def same_plan(registered_json: str, plan: Plan) -> bool:
+    """True when a registration's canonical JSON, read by the current plan language, is ``plan``
+    (a registration made by an earlier version hashes differently only by the defaults of
+    fields added since)."""
+    if plan_hash(plan) == hashlib.sha256(registered_json.encode()).hexdigest():
+        return True
+    try:
+        return canonical_json(plan_from_canonical(registered_json)) == canonical_json(plan)
+    except (PlanError, ValueError, KeyError, TypeError):
+        return False  # not readable as a plan today: it cannot be this one
+
+
 def _registration(row: PlanRegistration, created: bool = False) -> Registration:
     return Registration(row.id, row.sha256, row.name, row.registered_at, row.canonical_json, created)
 
@@ -144,12 +157,23 @@ class Store:
     # -- plans ------------------------------------------------------------------------------
 
     def register_plan(self, plan: Plan) -> Registration:
-        """Store the plan's canonical JSON and hash; the same plan again returns the same row."""
+        """Store the plan's canonical JSON and hash; the same plan again returns the same row.
+
+        "The same plan" includes one registered by an earlier version of the plan language: its
+        canonical JSON lacks fields added since (with defaults), so its hash differs, but read
+        by today's language it is this plan; its registration (and its verdicts) stand."""
         sha = plan_hash(plan)
         with self._sessions.begin() as s:
             row = s.scalar(sa.select(PlanRegistration).where(PlanRegistration.sha256 == sha))
             if row is not None:
                 return _registration(row)
+            older = s.scalars(
+                sa.select(PlanRegistration).where(PlanRegistration.name == plan.name)
+                .order_by(PlanRegistration.id)
+            ).all()
+            for row in older:
+                if same_plan(row.canonical_json, plan):
+                    return _registration(row)
         try:
             with self._sessions.begin() as s:
                 row = PlanRegistration(sha256=sha, name=plan.name, canonical_json=canonical_json(plan))

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from orchestrator.plan import load_plan_file, plan_hash, validate_plan
 from orchestrator.records import RequestRecord
-from orchestrator.store import ImmutableRegistration, NotFound, Store, StoreConflict
+from orchestrator.store import ImmutableRegistration, NotFound, Store, StoreConflict, same_plan
 from orchestrator.store.models import PlanRegistration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +45,35 @@ def test_registering_the_same_plan_twice_returns_the_same_registration(store: St
     assert store.get_registration(first.sha256[:12]).id == first.id
     assert store.get_registration(first.id).sha256 == first.sha256
     assert store.plan_of(first) == plan
+
+
+def _register_as_an_older_version_would(store: Store, plan) -> int:
+    """The plan's canonical JSON as a plan language without the `kubernetes` section (added
+    later, all defaults) wrote it: a different text, so a different hash."""
+    import hashlib
+    import json
+
+    from orchestrator.plan import canonical_json
+    from orchestrator.store.types import utcnow
+
+    body = json.loads(canonical_json(plan))
+    del body["plan"]["kubernetes"]
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    with store.engine.begin() as conn:
+        return conn.execute(sa.insert(PlanRegistration).values(
+            sha256=hashlib.sha256(text.encode()).hexdigest(), name=plan.name, canonical_json=text,
+            registered_at=utcnow()).returning(PlanRegistration.id)).scalar_one()
+
+
+def test_a_plan_registered_by_an_earlier_plan_language_is_the_same_plan(store: Store) -> None:
+    plan = load_plan_file(QUICKSTART)
+    old_id = _register_as_an_older_version_would(store, plan)
+    again = store.register_plan(plan)  # today's hash differs; the meaning does not
+    assert again.id == old_id and not again.created and again.sha256 != plan_hash(plan)
+    assert same_plan(again.canonical_json, plan)
+    edited = _variant(max_num_seqs=32)  # same name, really edited: a registration of its own
+    assert store.register_plan(edited).created
+    assert not same_plan(again.canonical_json, edited)
 
 
 def test_sql_update_or_delete_of_a_registration_is_refused_by_the_database(store: Store) -> None:
