@@ -4,8 +4,9 @@ measures itself (calibration, benchmark, tests).
 It speaks the same wire format as vLLM and the simulated server: POST /v1/completions and
 /v1/chat/completions with ``stream: true``; SSE lines ``data: {json}`` then ``data: [DONE]``;
 with ``stream_options.include_usage`` a last chunk carries ``usage`` (prompt tokens = words of
-the prompt, completion tokens exact, cached tokens 0). GET /health, /v1/models and /metrics
-(vLLM metric names) answer too.
+the prompt, completion tokens exact, cached tokens 0). The reply length is ``max_tokens``, or
+``max_completion_tokens`` (the chat API's newer name, which guidellm sends), else 16. GET
+/health, /v1/models and /metrics (vLLM metric names) answer too.
 
 Written on asyncio's Protocol (no framework) so the server costs as little CPU as possible and
 the client is what gets measured. Run it in its own process (``python -m
@@ -168,7 +169,8 @@ class _NullProtocol(asyncio.Protocol):
             self.counters.arrivals.append(time.time())
         try:
             req = json.loads(body)
-            max_tokens = int(req.get("max_tokens") or 16)
+            # Chat clients (guidellm, the OpenAI SDK) may cap the reply with max_completion_tokens.
+            max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         except (ValueError, TypeError):
             self._plain("400 Bad Request", "application/json", b'{"error":"bad json"}')
             return
