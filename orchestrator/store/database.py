@@ -22,7 +22,14 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from orchestrator.errors import EnvironmentProblem, UserError
 
 ENV_VAR = "ORCH_DATABASE_URL"
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+def _migrations_dir() -> Path:
+    """migrations/ of the checkout (an editable install), else the copy a wheel ships."""
+    here = Path(__file__).resolve()
+    source = here.parents[2] / "migrations"
+    return source if (source / "env.py").exists() else here.parents[1] / "_data" / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def default_url() -> str:
@@ -98,8 +105,8 @@ def alembic_config(engine: sa.Engine | None = None) -> Config:
     """Alembic's configuration, built in code: script location and (optionally) the engine."""
     if not (MIGRATIONS_DIR / "env.py").exists():
         raise EnvironmentProblem(
-            f"migrations not found at {MIGRATIONS_DIR}: install orchestrator from a checkout "
-            "of the repository (pip install -e .)"
+            f"migrations not found at {MIGRATIONS_DIR}: reinstall orchestrator (a wheel ships "
+            "them in orchestrator/_data; a checkout has them in migrations/)"
         )
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))

@@ -32,9 +32,14 @@ ROUTER_KV_CONNECTORS = {"nixl"}
 
 
 def manifests_dir() -> Path:
-    """Where the YAML bases are: ORCH_MANIFESTS_DIR, else ``manifests/`` of the source tree."""
+    """Where the YAML bases are: ORCH_MANIFESTS_DIR, else ``manifests/`` of the checkout, else
+    the copy a wheel ships in orchestrator/_data."""
     env = os.environ.get("ORCH_MANIFESTS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "manifests"
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve()
+    source = here.parents[3] / "manifests"
+    return source if source.is_dir() else here.parents[2] / "_data" / "manifests"
 
 
 @cache
