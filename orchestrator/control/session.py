@@ -55,7 +55,9 @@ def make_backend(name: str, root: Path, progress: ProgressSink | None = None) ->
 
 def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
     """Requests/s one generator process sustains with p99 send lag < 1 ms for this reply length,
-    measured against a null server and cached for a day (ORCH_SKIP_CALIBRATION=1 skips it)."""
+    measured against a null server and cached for a day (ORCH_SKIP_CALIBRATION=1 skips it).
+    None when unknown: skipped, or no step of the calibration held (a busy machine); such a
+    result is not cached, so the next run measures again."""
     if os.environ.get("ORCH_SKIP_CALIBRATION") == "1":
         return None
     out = plan.workload.output_tokens
@@ -63,7 +65,7 @@ def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | 
     if not refresh and path.exists():
         try:
             doc = json.loads(path.read_text())
-            if time.time() - doc["at"] < CALIBRATION_MAX_AGE_S:
+            if time.time() - doc["at"] < CALIBRATION_MAX_AGE_S and float(doc["ceiling_rate"]) > 0:
                 return float(doc["ceiling_rate"])
         except (ValueError, KeyError):
             pass
@@ -71,7 +73,8 @@ def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | 
 
     cal = calibrate(output_tokens=out, api=plan.workload.api, step_s=2.0, min_requests=100,
                     bisections=2)
-    path.write_text(json.dumps({"at": time.time(), **cal.to_dict()}, default=str))
+    if cal.ceiling_rate > 0:
+        path.write_text(json.dumps({"at": time.time(), **cal.to_dict()}, default=str))
     return cal.ceiling_rate or None
 
 

@@ -81,8 +81,16 @@ async def calibrate_async(
     max_lag_p99_s: float = 0.001,
     rate_tolerance: float = 0.01,
     seed: int = 0,
+    retries: int = 1,
+    min_rate_share: float = 1 / 16,
 ) -> Calibration:
-    """Run the ladder against a fresh null server (its own process); returns the ceiling."""
+    """Run the ladder against a fresh null server (its own process); returns the ceiling.
+
+    Up from ``start_rate`` by doubling, then bisection. A failed step is run again up to
+    ``retries`` times before it counts: with a few hundred requests the p99 lag is nearly the
+    maximum, and one OS hiccup on a shared machine must not set the ceiling. When even
+    ``start_rate`` fails, the ladder goes down by halving to ``start_rate * min_rate_share``;
+    a ceiling of 0 means no step down there held."""
     arrival = arrival or OpenLoop()
     wl = Workload.model_validate(
         {"prompts": {"input_tokens": {"mean": prompt_tokens}, "conversations": 100000},
@@ -92,16 +100,22 @@ async def calibrate_async(
     cfg = NullServerConfig(tokens_per_chunk=tokens_per_chunk)
     with NullServerProcess(cfg) as url:
 
-        async def step(rate: float) -> bool:
+        async def attempt(rate: float, n: int) -> bool:
             duration = max(step_s, min_requests / rate)
-            offs = open_loop_offsets(arrival, rate, duration, derive_seed(seed, "calibrate", rate))
-            reqs = build_requests(wl, len(offs), derive_seed(seed, "calibrate-prompts", rate))
+            offs = open_loop_offsets(arrival, rate, duration, derive_seed(seed, "calibrate", rate, n))
+            reqs = build_requests(wl, len(offs), derive_seed(seed, "calibrate-prompts", rate, n))
             s = await run_point(url, "null", reqs, offs, ["measure"] * len(offs), api=api,
                                 client=client, request_timeout_s=30.0)
             ok = _passes(s, max_lag_p99_s, rate_tolerance)
             steps.append(CalibrationStep(rate, s.scheduled, s.achieved_ratio, s.send_lag_p99_s,
                                          s.chunks_per_s, ok, s.scheduled - s.by_status.get("ok", 0)))
             return ok
+
+        async def step(rate: float) -> bool:
+            for n in range(1 + retries):
+                if await attempt(rate, n):
+                    return True
+            return False
 
         good, bad = 0.0, math.inf
         rate = start_rate
@@ -112,6 +126,13 @@ async def calibrate_async(
             else:
                 bad = rate
                 break
+        rate = start_rate / 2
+        while good == 0 and rate >= start_rate * min_rate_share:
+            if await step(rate):
+                good = rate
+            else:
+                bad = rate
+                rate /= 2
         if good > 0 and math.isfinite(bad):
             for _ in range(bisections):
                 mid = (good + bad) / 2
