@@ -60,6 +60,8 @@ def serve(
     fault_stall_ms: float = typer.Option(0.0, "--fault-stall-ms"),
     fault_die_after: int = typer.Option(0, "--fault-die-after", help="Exit after N requests."),
     fault_frozen_output: bool = typer.Option(False, "--fault-frozen-output"),
+    spin_ms: float = typer.Option(0.0, "--spin-ms", help="Yield-wait the last N ms of each step "
+                                  "for sub-ms step ends (costs CPU; 2 is enough)."),
 ) -> None:
     """Serve a simulated vLLM worker (OpenAI API, /metrics) until SIGTERM or SIGINT."""
     if role not in ("both", "prefill", "decode"):
@@ -93,7 +95,7 @@ def serve(
     faults = Faults(ignore_max_tokens=fault_ignore_max_tokens, stall_every=fault_stall_every,
                     stall_ms=fault_stall_ms, die_after=fault_die_after, frozen_output=fault_frozen_output)
     config = ServeConfig(cluster=cluster, served_model_name=served_model_name or name,
-                         role=role, seed=seed, faults=faults)
+                         role=role, seed=seed, faults=faults, spin_ms=max(0.0, spin_ms))
     asyncio.run(_serve(config, host, port))
 
 

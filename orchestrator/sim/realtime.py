@@ -2,9 +2,9 @@
 
 Each worker runs one asyncio task: schedule a step, sleep until its end on an absolute
 timeline (no drift), apply it, hand each request its tokens. Tokens therefore leave at the
-times the performance model gives: the last ~2 ms before a step's end are waited out by
-yielding to the loop, not by its ~1 ms-resolution timers; the server exports how late each step
-ended (orch_sim_step_lateness_seconds).
+times the performance model gives, within the loop's ~1 ms timer resolution (or sub-ms with
+``spin_s``, at some CPU); the server exports how late each step ended and how far each step's
+duration strayed from the model's (orch_sim_step_lateness_seconds, orch_sim_step_time_error_seconds).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from orchestrator.sim.engine import ClusterSpec, Router, Sequence, Worker, block
 # Beyond this lateness the timeline restarts from now instead of trying to catch up.
 MAX_CATCH_UP_S = 0.050
 # The event loop's timers wake up to ~1 ms late (epoll rounds its timeout up to whole
-# milliseconds): sleep until this long before a step's end, then yield to the loop until it.
-SPIN_S = 0.002
+# milliseconds). Step *durations* keep the model's (the timeline is absolute, so a wake-up late
+# by about the same each step cancels out); with spin_s > 0 a worker also sleeps only until
+# spin_s before a step's end and yields to the loop until it: sub-ms step ends, for CPU.
+TimingSink = Callable[[float, float | None], None]
 
 
 @dataclass(eq=False)
@@ -37,10 +39,13 @@ class RealtimeWorker:
     """One simulated worker stepping in real time."""
 
     def __init__(self, worker: Worker, on_step: Callable[[Worker, float], None] | None = None,
-                 on_late: Callable[[float], None] | None = None):
+                 on_timing: TimingSink | None = None, spin_s: float = 0.0):
         self.worker = worker
         self.on_step = on_step
-        self.on_late = on_late  # seconds a step's tokens left after the model's step end
+        # (lateness of the step's end against the model, |its duration - the model's| when it
+        # followed the previous step back to back, else None)
+        self.on_timing = on_timing
+        self.spin_s = spin_s
         self.pending: dict[int, Pending] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -64,10 +69,12 @@ class RealtimeWorker:
         loop = asyncio.get_running_loop()
         w = self.worker
         t = loop.time()
+        prev_late: float | None = None
         while True:
             now = loop.time()
             if now - t > MAX_CATCH_UP_S or not w.has_step_work():
                 t = now
+                prev_late = None
             dur = w.begin_step(t)
             if dur is None:
                 wake = w.next_wakeup()
@@ -78,12 +85,15 @@ class RealtimeWorker:
                 continue
             end = t + dur
             delay = end - loop.time()
-            if delay > SPIN_S:
-                await asyncio.sleep(delay - SPIN_S)
-            while loop.time() < end:
-                await asyncio.sleep(0)  # other tasks (HTTP streams, workers) run meanwhile
-            if self.on_late is not None:
-                self.on_late(max(0.0, loop.time() - end))
+            if delay > self.spin_s:
+                await asyncio.sleep(delay - self.spin_s)
+            if self.spin_s:
+                while loop.time() < end:
+                    await asyncio.sleep(0)  # other tasks (HTTP streams, workers) run meanwhile
+            if self.on_timing is not None:
+                late = max(0.0, loop.time() - end)
+                self.on_timing(late, None if prev_late is None else abs(late - prev_late))
+                prev_late = late
             res = w.end_step(end)
             t = end
             for seq, n in res.decoded:
@@ -106,19 +116,19 @@ class SimCluster:
 
     def __init__(self, cluster: ClusterSpec, role: str = "both", seed: int = 0,
                  on_step: Callable[[Worker, float], None] | None = None,
-                 on_late: Callable[[float], None] | None = None):
+                 on_timing: TimingSink | None = None, spin_s: float = 0.0):
         self.role = role
         self.disaggregated = cluster.disaggregated
         kw = dict(link_bytes_s=cluster.link_bytes_s, stall_every_steps=cluster.stall_every_steps,
                   stall_s=cluster.stall_s, track_emissions=True)
         rk = dict(cache_threshold=cluster.cache_threshold, balance_abs_threshold=cluster.balance_abs_threshold)
         if cluster.disaggregated:
-            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
+            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
                           for i, m in enumerate(cluster.prefill)]
-            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
+            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
                          for i, m in enumerate(cluster.decode)]
         else:
-            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step, on_late)  # type: ignore[arg-type]
+            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
                           for i, m in enumerate(cluster.workers)]
             self.back = []
         self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]

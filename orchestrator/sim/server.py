@@ -52,6 +52,7 @@ class ServeConfig:
     role: str = "both"  # both | prefill | decode
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
+    spin_ms: float = 0.0  # yield-wait the last ms of each step: sub-ms step ends, costs CPU
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
 
@@ -100,13 +101,18 @@ class SimServer:
         labels = ["model_name", "engine"]
         # Not a vLLM series: how late each step's tokens left against the model's timeline, so
         # a user (and sim_bench) can see when the simulator itself is the bottleneck.
+        timing_buckets = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
         self.lateness = Histogram(
             "orch_sim_step_lateness_seconds", "Lateness of step ends against the model.", labels,
-            registry=self.registry,
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=self.registry, buckets=timing_buckets,
+        ).labels(config.served_model_name, "0")
+        self.step_error = Histogram(
+            "orch_sim_step_time_error_seconds",
+            "|step duration - the model's| of steps that ran back to back.", labels,
+            registry=self.registry, buckets=timing_buckets,
         ).labels(config.served_model_name, "0")
         self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed,
-                                  on_late=self.lateness.observe)
+                                  on_timing=self._timing, spin_s=config.spin_ms / 1000.0)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", labels, registry=self.registry,
                               buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
@@ -126,6 +132,11 @@ class SimServer:
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.on_startup.append(self._start)
         self.app.on_cleanup.append(self._stop)
+
+    def _timing(self, late: float, step_error: float | None) -> None:
+        self.lateness.observe(late)
+        if step_error is not None:
+            self.step_error.observe(step_error)
 
     async def _start(self, app: web.Application) -> None:
         self.cluster.start()

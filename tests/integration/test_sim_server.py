@@ -93,6 +93,18 @@ def test_metrics_parse_with_vllm_names(server: str) -> None:
             if s.name.endswith(("_count", "_sum"))}
     assert late["orch_sim_step_lateness_seconds_count"] >= 3
     assert 0 <= late["orch_sim_step_lateness_seconds_sum"] < 1.0
+    errors = {s.name: s.value for s in fams["orch_sim_step_time_error_seconds"].samples}
+    assert errors["orch_sim_step_time_error_seconds_count"] >= 2  # steps 2 and 3 followed back to back
+
+
+def test_spin_mode_serves_the_same_stream() -> None:
+    h = start_sim_server(ServeConfig(ClusterSpec(workers=(MODEL,)), NAME, spin_ms=2.0))
+    try:
+        times, docs = stream(h.url, {"model": NAME, "prompt": "a b c d", "max_tokens": 16, "ignore_eos": True,
+                                     "stream": True, "stream_options": {"include_usage": True}})
+    finally:
+        h.stop()
+    assert len(times) == 16 and docs[-1]["usage"]["completion_tokens"] == 16
 
 
 def test_kv_transfer_handoff_prefill_then_decode() -> None:
