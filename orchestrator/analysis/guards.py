@@ -41,6 +41,7 @@ class PointContext:
     shared_prefix_tokens: int = 0
     service_class: ServiceClass | None = None  # class judged by the steady-state guard
     attainment_threshold: float = 0.90
+    sim_lateness_p99_s: float | None = None  # a simulated server's step lateness (its /metrics)
 
 
 def generator_lag(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
@@ -143,6 +144,18 @@ def stalls(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult
     share = stalled / len(recs) if recs else 0.0
     return GuardResult("stalls", share <= th.max_stall_share, share, th.max_stall_share,
                        f"{stalled} of {len(recs)} requests had a gap over {th.stall_gap_ms} ms")
+
+
+def simulator_timing(lateness_p99_s: float | None, th: GuardThresholds) -> GuardResult:
+    """A simulated server must keep to its model's timeline: when its steps end late (the
+    machine's CPUs are short), tokens leave later than the model says and the point measures
+    the machine, not the modelled engine."""
+    bound = th.max_sim_lateness_p99_ms
+    if lateness_p99_s is None:
+        return GuardResult("simulator_timing", True, None, bound, "not a simulated server; not checked")
+    ms = lateness_p99_s * 1000
+    return GuardResult("simulator_timing", ms <= bound, ms, bound,
+                       f"p99 step lateness of the simulated servers <= {ms:g} ms (bound {bound:g} ms)")
 
 
 def steady_state(records: Sequence[RequestRecord], th: GuardThresholds, cls: ServiceClass,
@@ -251,6 +264,7 @@ def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
         censored_tails(records, ctx.n_scheduled),
         frozen_randomness(records, th),
         stalls(records, th),
+        simulator_timing(ctx.sim_lateness_p99_s, th),
     ]
     if ctx.service_class is not None:
         out.append(steady_state(records, th, ctx.service_class, w, ctx.attainment_threshold))

@@ -80,6 +80,28 @@ def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) ->
     return h / q
 
 
+SIM_LATENESS = "orch_sim_step_lateness_seconds"
+
+
+def sim_lateness_p99(before: Sequence[Sample], after: Sequence[Sample]) -> float | None:
+    """Upper bound of the histogram bucket holding the p99 of the simulated servers' step
+    lateness over the point (None when no server exports it: a real engine)."""
+    def buckets(samples: Sequence[Sample]) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for s in samples:
+            if s.name == SIM_LATENESS + "_bucket":
+                le = float(s.labels.get("le", "inf"))
+                out[le] = out.get(le, 0.0) + s.value  # summed over servers
+        return out
+
+    b, a = buckets(before), buckets(after)
+    delta = sorted((le, a[le] - b.get(le, 0.0)) for le in a)
+    if not delta or delta[-1][1] <= 0:
+        return None
+    total = delta[-1][1]
+    return next(le for le, cum in delta if cum >= 0.99 * total)
+
+
 def busy_requests(samples: Sequence[Sample]) -> float | None:
     """Requests running or waiting on the servers (None when they export no such gauge)."""
     names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
@@ -199,6 +221,7 @@ class PointRunner:
             generator_ceiling_rate=self.ceiling, offered_rate=rate,
             shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
             service_class=judged_class, attainment_threshold=s.attainment,
+            sim_lateness_p99_s=sim_lateness_p99(before, after),
         )
         guards = run_guards(records, plan.guards, context)
         flushed = sink.flush()
@@ -209,6 +232,7 @@ class PointRunner:
                 requests, self.workers(arm), plan.router_for(arm).policy),
             "send_lag_p99_s": summary.send_lag_p99_s, "started_at": started,
             "records_spooled": not flushed, "seed": seed,
+            "sim_lateness_p99_s": context.sim_lateness_p99_s,
         }
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,

@@ -101,7 +101,7 @@ def test_clean_records_pass_every_guard() -> None:
                        server_prefix_hit_rate=0.55, generator_ceiling_rate=50.0, service_class=STD)
     results = run_guards(clean(), TH, ctx)
     assert all_passed(results), [g for g in results if not g.passed]
-    assert len({g.name for g in results}) == 10
+    assert len({g.name for g in results}) == 11
 
 
 def test_generator_lag_fails_when_late() -> None:
@@ -241,3 +241,28 @@ def test_run_guards_flags_the_fault() -> None:
     failed = {g.name for g in results if not g.passed}
     assert failed == {"output_limit"}
     assert not all_passed(results)
+
+
+def test_simulator_timing_fails_a_starved_simulator_and_ignores_real_engines() -> None:
+    from orchestrator.analysis.guards import simulator_timing
+
+    th = GuardThresholds()
+    assert simulator_timing(0.0025, th).passed
+    late = simulator_timing(0.025, th)
+    assert not late.passed and late.value == pytest.approx(25.0) and late.threshold == 10.0
+    assert simulator_timing(None, th).passed  # a real engine exports no such histogram
+    assert not simulator_timing(0.006, GuardThresholds(max_sim_lateness_p99_ms=5)).passed
+
+
+def test_sim_lateness_p99_from_the_servers_histograms() -> None:
+    from orchestrator.control.points import SIM_LATENESS, sim_lateness_p99
+    from orchestrator.loadgen.scrape import Sample
+
+    def hist(counts: dict[str, float], server: str) -> list[Sample]:
+        return [Sample(SIM_LATENESS + "_bucket", {"le": le, "engine": server}, v) for le, v in counts.items()]
+
+    before = hist({"0.001": 10, "0.01": 10, "+Inf": 10}, "a") + hist({"0.001": 0, "0.01": 0, "+Inf": 0}, "b")
+    # over the point: 200 steps, 196 within 1 ms, 3 within 10 ms, 1 beyond
+    after = hist({"0.001": 110, "0.01": 112, "+Inf": 113}, "a") + hist({"0.001": 96, "0.01": 97, "+Inf": 97}, "b")
+    assert sim_lateness_p99(before, after) == 0.01
+    assert sim_lateness_p99([], []) is None
