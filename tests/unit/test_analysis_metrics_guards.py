@@ -247,9 +247,9 @@ def test_simulator_timing_fails_a_starved_simulator_and_ignores_real_engines() -
     from orchestrator.analysis.guards import simulator_timing
 
     th = GuardThresholds()
-    assert simulator_timing(0.0025, th).passed
-    late = simulator_timing(0.025, th)
-    assert not late.passed and late.value == pytest.approx(25.0) and late.threshold == 10.0
+    assert simulator_timing(0.025, th).passed
+    late = simulator_timing(0.1, th)
+    assert not late.passed and late.value == pytest.approx(100.0) and late.threshold == 50.0
     assert simulator_timing(None, th).passed  # a real engine exports no such histogram
     assert not simulator_timing(0.006, GuardThresholds(max_sim_lateness_p99_ms=5)).passed
 
