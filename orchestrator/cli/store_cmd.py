@@ -56,7 +56,8 @@ def _cell(v: Any) -> Any:
 def capacity(
     model: str | None = typer.Option(None, "--model", help="Model name, e.g. qwen3-8b."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type (H100-PCIe, H100-SXM/H100, H200)."),
-    layout: str | None = typer.Option(None, "--layout", help="colocated or disaggregated."),
+    layout: str | None = typer.Option(None, "--layout", help="colocated, disaggregated, or external "
+                                      "(external arms without a layout label)."),
     service_class: str | None = typer.Option(None, "--class", help="Service class, e.g. interactive."),
     since: float | None = typer.Option(None, "--since", min=0, help="Only runs of the last DAYS days."),
     kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
@@ -68,8 +69,8 @@ def capacity(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity by configuration over history (valid runs only): runs, median, spread, last measured."""
-    if layout is not None and layout not in ("colocated", "disaggregated"):
-        raise UserError(f"--layout: {layout!r} is not colocated or disaggregated")
+    if layout is not None and layout not in ("colocated", "disaggregated", "external"):
+        raise UserError(f"--layout: {layout!r} is not colocated, disaggregated or external")
     if gpu is not None:
         try:
             gpu = canonical_gpu(gpu)

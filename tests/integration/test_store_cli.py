@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.cli.main import main
-from orchestrator.plan import load_plan_file
+from orchestrator.plan import load_plan_file, validate_plan
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +113,20 @@ def test_register_is_idempotent_on_postgresql_too(pg_url: str, orch) -> None:
     docs = [json.loads(orch("plan", "register", "examples/quickstart.yaml", "--json", env=env).stdout)
             for _ in range(2)]
     assert (docs[0]["id"], docs[0]["sha256"]) == (docs[1]["id"], docs[1]["sha256"])
+
+
+def test_capacity_filters_external_arms_without_a_layout_label(sqlite_url: str, orch) -> None:
+    data = yaml.safe_load((ROOT / "examples/external-ab.yaml").read_text())
+    del data["arms"]["B"]["labels"]["layout"]  # a stack whose layout nobody stated
+    plan = validate_plan(data)
+    with Store.open(sqlite_url) as store:
+        exp = store.create_experiment(store.register_plan(plan).id)
+        for block, (arm, cap) in enumerate([("A", 700.0), ("B", 950.0)]):
+            run = store.start_run(exp, arm, block, 0, 0, store.deployment_config(plan, arm))
+            store.record_capacity(run, "standard", cap, 3.0, 0.91, 6)
+            store.finish_run(run, "done", valid=True)
+    r = orch("capacity", "--layout", "external", "--json", env={"ORCH_DATABASE_URL": sqlite_url})
+    assert r.returncode == 0, r.stderr
+    assert [(row["layout"], row["median"]) for row in json.loads(r.stdout)["rows"]] == [("external", 950.0)]
+    bad = orch("capacity", "--layout", "sideways", env={"ORCH_DATABASE_URL": sqlite_url})
+    assert bad.returncode == 1 and "colocated, disaggregated or external" in bad.stderr
