@@ -135,9 +135,14 @@ def run_guidellm(exe: Path, tokenizer: Path, url: str, rate: float, seconds: flo
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=d, env=env)
         if p.returncode != 0 or not out.exists():
             return (p.stderr or p.stdout or f"exit {p.returncode}, no report")[-800:], {}
-        state = json.loads(out.read_text())["benchmarks"][0]["scheduler_state"]
-        return None, {"procs": state["num_processes"], "ok": state["successful_requests"],
-                      "errored": state["errored_requests"]}
+        bench = json.loads(out.read_text())["benchmarks"][0]
+        state = bench["scheduler_state"]
+        facts = {"procs": state["num_processes"], "ok": state["successful_requests"],
+                 "errored": state["errored_requests"]}
+        errored = (bench.get("requests") or {}).get("errored") or []
+        if errored and (text := (errored[0].get("info") or {}).get("error")):
+            facts["first_error"] = str(text).splitlines()[0][:160]
+        return None, facts
 
 
 def find_guidellm(arg: str | None, install: bool) -> Path | None:
@@ -254,7 +259,9 @@ def main() -> None:
     for tool, rows in results.items():
         print(f"== {tool}")
         for r in rows:
-            extra = "  ERROR " + r["error"].splitlines()[-1] if r.get("error") else ""
+            extra = f"  (own report: {r['ok']} ok, {r['errored']} errored)" if "ok" in r else ""
+            extra += f" first error: {r['first_error']}" if r.get("first_error") else ""
+            extra += "  ERROR " + r["error"].splitlines()[-1] if r.get("error") else ""
             print(f"  {r['rate']:8.1f} req/s  n={r['n']:6d}/{r['asked']:<6d} achieved x{r['ratio']:.4f}  p99 lag {r['p99_lag_ms']:8.3f} ms{extra}")
     for key in ("sustained_strict", "sustained_rate_only"):
         print(f"{key}: " + ", ".join(f"{k} {v:g} req/s" for k, v in doc[key].items()))
