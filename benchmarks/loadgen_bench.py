@@ -234,8 +234,9 @@ def main() -> None:
                     row["error"] = err
                 results[tool].append(row)
         if procs := sorted({r["procs"] for r in results.get("guidellm", []) if "procs" in r}):
-            notes.append(f"guidellm ran {'/'.join(map(str, procs))} worker processes (its "
-                         f"GUIDELLM__MAX_WORKER_PROCESSES) on {os.cpu_count()} CPUs; ours and vllm bench serve one")
+            how = "--guidellm-workers" if a.guidellm_workers else "its default"
+            notes.append(f"guidellm worker processes: {'/'.join(map(str, procs))} (GUIDELLM__MAX_WORKER_PROCESSES, "
+                         f"{how}) on {os.cpu_count()} CPUs; ours and vllm bench serve: one process")
         shard_rows = []
         shard_counts = [int(x) for x in a.shards.split(",") if x]
         if any(s > 1 for s in shard_counts):
