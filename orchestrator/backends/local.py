@@ -7,8 +7,10 @@ is proven against the real engine.
 What an arm becomes (``local_commands.render_arm``, pure and golden-tested):
 - one ``vllm serve`` process per worker. On a GPU box each gets ``CUDA_VISIBLE_DEVICES`` with
   its TP-many GPUs (prefill pool first, then decode); on CPU, ``VLLM_CPU_KVCACHE_SPACE`` sizes
-  the KV cache and, with two or more engines, ``VLLM_CPU_OMP_THREADS_BIND`` gives each its own
-  share of the allowed cores (vLLM's "auto" would bind them all to the same ones). The GPU form is the ``vllm`` console entry point's module
+  the KV cache; one core is kept free for the load generator and the engines' process trees
+  are pinned to the others (taskset: a saturated engine busy-polls, and a generator sharing its
+  cores falls behind its schedule); with two or more engines, ``VLLM_CPU_OMP_THREADS_BIND``
+  gives each its own share of those cores (vLLM's "auto" would bind them all to the same ones). The GPU form is the ``vllm`` console entry point's module
   (``python -m vllm.entrypoints.cli.main serve``), exactly ``vllm serve``; the CPU packaging
   (``vllm-cpu``) breaks the console command, so there the OpenAI server module runs directly.
 - disaggregated arms: ``--kv-transfer-config`` with NixlConnector on GPUs; on CPU, where NIXL
@@ -41,11 +43,13 @@ from orchestrator.backends.base import Deployment, Endpoint, RunKey
 from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.local_commands import (
     HOST,
+    TASKSET,
     ArmLayout,
+    CpuShare,
     Device,
     LocalSettings,
     ProcessSpec,
-    cpu_binds,
+    cpu_shares,
     engine_argv,
     free_ports,
     model_source,
@@ -65,8 +69,8 @@ from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Arm, Plan
 
 __all__ = [
-    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "cpu_binds",
-    "engine_argv",
+    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "CpuShare",
+    "cpu_shares", "engine_argv",
     "free_ports", "group_members", "model_source", "render_arm", "router_argv",
     "sequential_ports", "served_name", "stop_group",
 ]
@@ -154,6 +158,11 @@ class LocalBackend:
                     f"{info['vllm']}: set the version to {info['vllm']} or install vLLM {want}"
                 )
         layout = self.render(plan, arm, key)
+        if any(e.argv[0] == TASKSET for e in layout.engines) and shutil.which(TASKSET) is None:
+            raise PermanentError(
+                "CPU engines are pinned with taskset, which is not installed: install util-linux, "
+                "or set LocalSettings.cpu_reserved to 0 (the load generator then shares the engines' cores)"
+            )
         run_dir = self._run_dir(key)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "commands.txt").write_text(layout.describe())

@@ -15,10 +15,11 @@ import yaml
 
 from orchestrator.backends.base import RunKey
 from orchestrator.backends.local import (
+    CpuShare,
     Device,
     LocalBackend,
     LocalSettings,
-    cpu_binds,
+    cpu_shares,
     model_source,
     render_arm,
     sequential_ports,
@@ -104,9 +105,10 @@ def test_cpu_arms_use_the_server_module_and_the_shared_storage_connector(arm: st
     plan = _tiny_plan()
     text = _render(plan, arm, Device(kind="cpu", name="test cpu", cpus=(0, 1, 2, 3)))
     _check_golden(f"tiny-{arm}.cpu.txt", text)
-    # Two engines on one CPU box: each its own half of the cores, not vLLM's "auto" (which
-    # binds every engine to the same first cores).
-    assert "VLLM_CPU_OMP_THREADS_BIND=0-1" in text and "VLLM_CPU_OMP_THREADS_BIND=2-3" in text
+    # Two engines on one CPU box: each its own share of the cores but the generator's (3), not
+    # vLLM's "auto" (which binds every engine to the same first cores).
+    assert "VLLM_CPU_OMP_THREADS_BIND=0-1" in text and "VLLM_CPU_OMP_THREADS_BIND=2" in text
+    assert "taskset -c 0-1 /opt/vllm/bin/python" in text and "taskset -c 2 /opt/vllm/bin/python" in text
     assert "CUDA_VISIBLE_DEVICES" not in text
     assert "--gpu-memory-utilization" not in text
     if arm == "B":
@@ -115,17 +117,36 @@ def test_cpu_arms_use_the_server_module_and_the_shared_storage_connector(arm: st
 
 
 @pytest.mark.parametrize(("cpus", "tps", "want"), [
-    ((0, 1), [1], [None]),  # one engine: vLLM's own binding (leaves a core to its scheduler)
-    ((), [1, 1], [None, None]),  # CPUs unknown
-    ((0, 1), [1, 1], ["0", "1"]),
-    ((0, 1, 2), [1, 1], ["0-1", "2"]),
-    ((0, 2, 4, 5, 6, 7), [1, 1], ["0,2,4", "5-7"]),
-    ((0, 1, 2, 3), [2, 1], ["0-1|2", "3"]),  # a TP-2 engine: one list per rank
-    ((0, 1), [1, 1, 1], ["0", "1", "0"]),  # more engines than CPUs: shared round robin
-    ((0, 1), [2, 1], ["0|1", "0"]),
+    # One engine: pinned to all cores but the generator's, vLLM's own OpenMP binding inside.
+    ((0, 1), [1], [("0", None)]),
+    ((0, 1, 2, 3), [1], [("0-2", None)]),
+    ((0,), [1], [(None, None)]),  # nothing to reserve
+    ((), [1, 1], [(None, None), (None, None)]),  # CPUs unknown
+    # Two or more: disjoint shares of the engines' cores, OpenMP bound to each.
+    ((0, 1, 2), [1, 1], [("0", "0"), ("1", "1")]),
+    ((0, 1, 2, 3), [1, 1], [("0-1", "0-1"), ("2", "2")]),
+    ((0, 2, 4, 5, 6, 7, 9), [1, 1], [("0,2,4", "0,2,4"), ("5-7", "5-7")]),
+    ((0, 1, 2, 3, 4), [2, 1], [("0-2", "0-1|2"), ("3", "3")]),  # a TP-2 engine: one list per rank
+    ((0, 1), [1, 1], [("0", "0"), ("0", "0")]),  # more engines than cores: shared round robin
+    ((0, 1, 2), [2, 1], [("0-1", "0|1"), ("0", "0")]),
 ])
-def test_cpu_engines_split_the_cores(cpus: tuple[int, ...], tps: list[int], want: list[str | None]) -> None:
-    assert cpu_binds(cpus, tps) == want
+def test_cpu_engines_split_the_cores_and_leave_one_to_the_generator(
+    cpus: tuple[int, ...], tps: list[int], want: list[tuple[str | None, str | None]]
+) -> None:
+    assert cpu_shares(cpus, tps, reserved=1) == [CpuShare(a, b) for a, b in want]
+
+
+def test_no_reserved_core_means_no_pinning() -> None:
+    assert cpu_shares((0, 1), [1], reserved=0) == [CpuShare(None, None)]
+    assert cpu_shares((0, 1), [1, 1], reserved=0) == [CpuShare(None, "0"), CpuShare(None, "1")]
+
+
+def test_cpu_engines_are_pinned_with_taskset_and_the_router_is_not() -> None:
+    layout = render_arm(_tiny_plan(), "A", Device(kind="cpu", cpus=(0, 1)), SETTINGS, sequential_ports(1),
+                        RUN_DIR, "x")
+    for e in layout.engines:
+        assert e.argv[:3] == ("taskset", "-c", "0") and e.argv[3] == SETTINGS.python
+    assert layout.router.argv[0] == SETTINGS.router
 
 
 def test_one_cpu_engine_and_gpu_engines_get_no_thread_binding() -> None:
@@ -138,6 +159,7 @@ def test_one_cpu_engine_and_gpu_engines_get_no_thread_binding() -> None:
     qs = load_plan_file(ROOT / "examples" / "quickstart.yaml")
     gpu = render_arm(qs, "A", _gpu_box(qs, "A"), SETTINGS, sequential_ports(1), RUN_DIR, "x")
     assert all("VLLM_CPU_OMP_THREADS_BIND" not in dict(e.env) for e in gpu.engines)
+    assert all(e.argv[0] == SETTINGS.python for e in gpu.engines)  # no taskset on a GPU box
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -225,3 +247,15 @@ def test_local_backend_implements_the_backend_protocol(tmp_path: Path) -> None:
     from orchestrator.backends.base import Backend
 
     assert isinstance(LocalBackend(tmp_path, settings=SETTINGS, device=Device(kind="cpu")), Backend)
+
+
+def test_deploy_names_the_remedy_when_taskset_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.backends.local as local
+
+    settings = SETTINGS.model_copy(update={"python": _fake_engine_python(tmp_path, "0.32.0")})
+    backend = LocalBackend(tmp_path / "state", settings=settings, device=Device(kind="cpu", cpus=(0, 1)))
+    real_which = local.shutil.which
+    monkeypatch.setattr(local.shutil, "which", lambda name: None if name == "taskset" else real_which(name))
+    with pytest.raises(PermanentError, match="install util-linux, or set LocalSettings.cpu_reserved to 0"):
+        backend.deploy(_tiny_plan(), "A", RunKey("exp", "A", 0))
+    assert not (tmp_path / "state" / "exp").exists()  # nothing started
