@@ -98,6 +98,10 @@ class WorkerModel:
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     compute_efficiency: float = COMPUTE_EFFICIENCY
     kv_cache_bytes: float | None = None  # KV cache size when set (CPU: VLLM_CPU_KVCACHE_SPACE)
+    # Fixed costs per sequence in a step, beyond bytes and flops (0 on GPUs: not modelled there;
+    # a fitted CPU profile measures them): per decoding sequence, per prefill chunk.
+    decode_seq_overhead_s: float = 0.0
+    prefill_seq_overhead_s: float = 0.0
 
     @classmethod
     def from_engine(
@@ -205,6 +209,8 @@ class WorkerModel:
             nbytes += c.context * self.kv_bytes_per_token
             flops += self._attention_flops(c.tokens, c.context + c.tokens / 2.0)
         t = self.step_overhead_s + max(nbytes / self._bandwidth, flops / self._flops)
+        if self.decode_seq_overhead_s or self.prefill_seq_overhead_s:
+            t += decode_seqs * self.decode_seq_overhead_s + len(prefill) * self.prefill_seq_overhead_s
         t += self.allreduce_s(decode_positions + prefill_tokens)
         if k and decode_seqs:
             # k draft steps, each a fraction c of a plain decode pass of the same batch.
@@ -245,13 +251,17 @@ class DeviceProfile:
     """A device described by what one engine step achieves on it, fitted from a few measured
     points of a real server (``benchmarks/sim_vs_vllm.py`` fits vLLM's CPU build) instead of a
     datasheet: effective bandwidth and FLOP/s (no efficiency factor applied on top), the fixed
-    cost of a step ``t0``, and the KV cache size of one engine."""
+    cost of a step ``t0``, the KV cache size of one engine, and optionally fixed costs per
+    decoding sequence and per prefill chunk of a step (what a CPU engine spends per sequence in
+    Python, which neither bytes nor flops describe)."""
 
     name: str
     bandwidth_bytes_s: float
     flops: float
     step_overhead_s: float
     kv_cache_bytes: float
+    decode_seq_overhead_s: float = 0.0
+    prefill_seq_overhead_s: float = 0.0
 
     def gpu_spec(self) -> GPUSpec:
         """The profile as a GPU type (the figures are effective; no NVLink: TP 1)."""
@@ -265,4 +275,6 @@ class DeviceProfile:
         """One engine on this device with a plan's engine knobs."""
         w = WorkerModel.from_engine(self.gpu_spec(), model, tp, engine)
         return replace(w, step_overhead_s=self.step_overhead_s, bandwidth_efficiency=1.0,
-                       compute_efficiency=1.0, kv_cache_bytes=self.kv_cache_bytes)
+                       compute_efficiency=1.0, kv_cache_bytes=self.kv_cache_bytes,
+                       decode_seq_overhead_s=self.decode_seq_overhead_s,
+                       prefill_seq_overhead_s=self.prefill_seq_overhead_s)

@@ -47,3 +47,15 @@ def test_profile_sizes_the_kv_cache_explicitly() -> None:
     w = CPU.worker(TINY, EngineConfig())
     assert w.kv_capacity_tokens == (2**30 // (w.kv_bytes_per_token * BLOCK_TOKENS)) * BLOCK_TOKENS
     assert CPU.gpu_spec().bandwidth_bytes_s == 2.0e9  # effective: no efficiency factor on top
+
+
+def test_per_sequence_overheads_add_to_the_step_and_default_to_nothing() -> None:
+    engine = EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024)
+    plain = CPU.worker(TINY, engine)
+    assert plain.decode_seq_overhead_s == plain.prefill_seq_overhead_s == 0.0
+    busy = DeviceProfile(name="cpu-fit", bandwidth_bytes_s=2.0e9, flops=5.0e10, step_overhead_s=4e-3,
+                         kv_cache_bytes=2**30, decode_seq_overhead_s=1e-4, prefill_seq_overhead_s=2e-3).worker(TINY, engine)
+    chunks = (PrefillChunk(100, 0), PrefillChunk(50, 0))
+    base = plain.step_time_s(4, 1200, chunks)
+    assert busy.step_time_s(4, 1200, chunks) == pytest.approx(base + 4 * 1e-4 + 2 * 2e-3)
+    assert busy.decode_step_s(3, 300) == pytest.approx(plain.decode_step_s(3, 300) + 3e-4)
