@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
@@ -61,6 +62,19 @@ def test_colocated_metrics_are_scraped(backend: LocalBackend, colocated: Deploym
     fp = colocated.fingerprint
     assert fp["engine_version"] == "0.32.0" and fp["device"] == "cpu"
     assert fp["torch_version"].startswith("2.13.0")
+
+
+def test_engine_processes_leave_the_generator_a_core(colocated: Deployment) -> None:
+    # The engine's whole process tree (API server, EngineCore, worker: started after the
+    # taskset, so inherited) stays off the last allowed core, where the load generator runs.
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one allowed CPU: nothing to reserve")
+    engine, _router = colocated.handles["procs"]
+    members = group_members(engine.pid)
+    assert len(members) >= 2  # the API server and at least the engine core
+    for pid in members:
+        assert allowed[-1] not in os.sched_getaffinity(pid), pid
 
 
 def test_teardown_leaves_no_process(backend: LocalBackend, colocated: Deployment) -> None:
