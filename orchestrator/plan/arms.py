@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
-from orchestrator.plan.catalog import canonical_gpu
+from orchestrator.plan.catalog import VLLM_IMAGE_TAG, canonical_gpu
 from orchestrator.plan.external import ArmLabels, ExternalEndpoint
 
 TP_SIZES = (1, 2, 4, 8)
@@ -71,7 +71,8 @@ class EngineConfig(StrictModel):
         default=None, description="Speculative decoding, or none."
     )
     version: str = Field(
-        default="v0.11.0", description="vLLM version (image tag on Kubernetes; checked locally)."
+        default=VLLM_IMAGE_TAG,
+        description="vLLM version (image tag on Kubernetes; checked locally). Default: the tested one.",
     )
     extra_args: tuple[str, ...] = Field(
         default=(), description="Further `vllm serve` arguments passed through unchanged."

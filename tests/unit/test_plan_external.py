@@ -181,7 +181,7 @@ def test_pools_and_gpus_of_an_external_arm_come_from_its_labels() -> None:
 def test_history_columns_of_an_external_arm_come_from_its_labels() -> None:
     plan = load_plan_file(EXTERNAL)
     a, b = config_columns(plan, "A"), config_columns(plan, "B")
-    assert (a["gpu"], a["layout"], a["replicas"], a["engine_version"]) == ("H100-SXM", "colocated", 1, "v0.11.0")
+    assert (a["gpu"], a["layout"], a["replicas"], a["engine_version"]) == ("H100-SXM", "colocated", 1, "v0.32.0")
     assert b["gpu"] == "H200" and a["config_sha256"] != b["config_sha256"]
     assert "[stack=candidate]" in b["label"] and b["config"]["arm"]["labels"]["tags"] == {"stack": "candidate"}
     assert a["model"] == "qwen3-8b" and a["router_policy"] == "external"

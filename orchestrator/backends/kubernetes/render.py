@@ -25,8 +25,9 @@ Obj = dict[str, Any]
 HTTP_PORT = 8000
 NIXL_PORT = 5600
 ROUTER_METRICS_PORT = 29000
-# vLLM's names of the KV connectors a plan may choose (--kv-transfer-config kv_connector).
-KV_CONNECTORS = {"nixl": "NixlConnector", "lmcache": "LMCacheConnectorV1", "example": "SharedStorageConnector"}
+# vLLM's names of the KV connectors a plan may choose (--kv-transfer-config kv_connector), as
+# registered in KVConnectorFactory of the tested version (tests/vllm/test_rendered_commands.py).
+KV_CONNECTORS = {"nixl": "NixlConnector", "lmcache": "LMCacheConnectorV1", "example": "ExampleConnector"}
 # vllm-router's --kv-connector accepts these only; the others run without the flag.
 ROUTER_KV_CONNECTORS = {"nixl"}
 
