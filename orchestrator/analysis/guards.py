@@ -220,13 +220,15 @@ class RunEnvironment:
     started_s: float
     ended_s: float
     session: str = ""
+    driver: str = ""
+    image: str = ""  # image digests
 
 
 def back_to_back(runs: Sequence[RunEnvironment], window_h: float) -> GuardResult:
-    """The arms of a block ran in one session, on the same GPU type, engine version and node
-    pool, within the registered time window."""
+    """The arms of a block ran in one session, on the same GPU type, engine version, node
+    pool, driver and image, within the registered time window."""
     problems = []
-    for attr in ("session", "gpu_type", "engine_version", "node_pool"):
+    for attr in ("session", "gpu_type", "engine_version", "node_pool", "driver", "image"):
         vals = sorted({getattr(r, attr) for r in runs})
         if len(vals) > 1:
             problems.append(f"{attr} differs ({', '.join(vals)})")

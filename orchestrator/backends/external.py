@@ -12,24 +12,27 @@ or ``node_pool`` (the arm's labels describe them, and history files the arm unde
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from orchestrator.backends.base import Deployment, Endpoint, RunKey
-from orchestrator.errors import PermanentError, TransientError, UserError
+from orchestrator.backends.base import (
+    QUICK_START_BUDGET_S,
+    Deployment,
+    Endpoint,
+    Fingerprint,
+    RunKey,
+)
+from orchestrator.backends.readiness import NotYet, refuse_auth, served_models, wait_until_serving
+from orchestrator.errors import OrchestratorError, TransientError, UserError
 from orchestrator.loadgen.scrape import parse_metrics
 from orchestrator.plan import Plan
 from orchestrator.plan.external import ExternalEndpoint
 
-READY_TOKENS = 4  # a test completion asks for this many tokens and must get exactly them
-AUTH_STATUSES = (401, 403)
 # Response headers worth keeping in the fingerprint: they name the server software.
 IDENTITY_HEADERS = ("server", "x-powered-by", "via")
 
@@ -86,6 +89,10 @@ class ExternalBackend:
         self.timeout_s = timeout_s
         self.log = log
 
+    def startup_budget_s(self, plan: Plan, arm: str) -> float:
+        """The stack already runs: a short wait covers a restart in progress."""
+        return QUICK_START_BUDGET_S
+
     # -- deploy: nothing to start; read who answers -------------------------------------------
     def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
         spec = plan.arm(arm)
@@ -94,24 +101,15 @@ class ExternalBackend:
             raise UserError(f"arms.{arm} has no endpoint: backend external sends load to a running "
                             "stack given as `endpoint: {url, model}`")
         headers = resolve_headers(ep, arm, self.env)
-        if headers and "headers" not in {f.name for f in dataclasses.fields(Endpoint)}:
-            # The load generator must carry them too, or every load request would be refused
-            # while the readiness check (which has them) passes: a silent capacity of zero.
-            raise UserError(
-                f"arms.{arm}.endpoint.headers: this version's load generator sends no extra headers; "
-                "reach the endpoint without them (e.g. through a local proxy that adds them)"
-            )
-        endpoint = Endpoint(url=ep.url, model=ep.model, metrics_urls=(ep.metrics_url,) if ep.metrics_url else ())
-        if headers:
-            endpoint = dataclasses.replace(endpoint, headers=tuple(sorted(headers.items())))  # type: ignore[call-arg]
+        endpoint = Endpoint(url=ep.url, model=ep.model, metrics_urls=(ep.metrics_url,) if ep.metrics_url else (),
+                            headers=tuple(sorted(headers.items())))
         fingerprint = self._fingerprint(plan, arm, endpoint, headers)
         return Deployment(key=key, endpoint=endpoint, fingerprint=fingerprint,
                           handles={"headers": headers, "api": plan.workload.api})
 
-    def _fingerprint(self, plan: Plan, arm: str, endpoint: Endpoint, headers: dict[str, str]) -> dict[str, Any]:
+    def _fingerprint(self, plan: Plan, arm: str, endpoint: Endpoint, headers: dict[str, str]) -> Fingerprint:
         spec = plan.arm(arm)
         fp: dict[str, Any] = {
-            "backend": "external",
             "endpoint": endpoint.url,
             "served_model": endpoint.model,
             "labels": spec.labels.model_dump(mode="json") if spec.labels else {},
@@ -119,7 +117,7 @@ class ExternalBackend:
         with httpx.Client(timeout=self.timeout_s, headers=headers) as client:
             try:
                 r = client.get(f"{endpoint.url}/v1/models")
-                _refuse_auth(r, arm, endpoint.url)
+                refuse_auth(r, f"arm {arm}", _auth_hint(arm))
                 fp["models"] = _models(r)
             except (httpx.HTTPError, ValueError) as e:
                 raise TransientError(f"arm {arm}: {endpoint.url}/v1/models did not answer as an "
@@ -139,43 +137,34 @@ class ExternalBackend:
                     version, source = v, "/metrics"
                 if (cache := cache_config_from_metrics(text)) is not None:
                     fp["cache_config"] = cache
-        if version is not None:
-            fp["engine_version"], fp["engine_version_source"] = version, source
-        identity = {k: fp.get(k) for k in ("models", "response_headers", "engine_version", "cache_config")}
+        identity = {k: fp.get(k) for k in ("models", "response_headers", "cache_config")}
+        identity["engine_version"] = version
         fp["identity"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        return fp
+        # What cannot be observed from outside is not invented: no GPU products, pools or nodes.
+        return Fingerprint(
+            backend="external", engine_version=version,
+            engine_version_source=source or "unknown", details=fp,
+        )
 
     # -- ready / scrape / teardown -------------------------------------------------------------
     def ready(self, deployment: Deployment, deadline_s: float) -> None:
-        """Until the deadline: ``/v1/models`` lists the model, then a test completion returns
-        exactly the asked tokens. Refusals that waiting cannot fix are raised at once."""
-        ep = deployment.endpoint
-        headers = deployment.handles.get("headers", {})
-        api = deployment.handles.get("api", "completions")
+        """Until the deadline: ``/v1/models`` lists the model, then the one readiness check
+        (orchestrator.backends.readiness). Refusals that waiting cannot fix are raised at once."""
         arm = deployment.key.arm
-        deadline = time.monotonic() + deadline_s
-        last = "no answer yet"
-        with httpx.Client(timeout=min(self.timeout_s, max(deadline_s, 1.0)), headers=headers) as client:
-            while time.monotonic() < deadline:
-                try:
-                    r = client.get(f"{ep.url}/v1/models")
-                    _refuse_auth(r, arm, ep.url)
-                    served = [m["id"] for m in _models(r)]
-                    if ep.model not in served:
-                        last = f"{ep.url}/v1/models lists {served or 'no model'}, not {ep.model!r}"
-                    else:
-                        r = client.post(f"{ep.url}{_path(api)}", json=_test_body(ep.model, api))
-                        _refuse_auth(r, arm, ep.url)
-                        if r.status_code == 200:
-                            _check_test_completion(r, arm, ep.url)
-                            return
-                        last = f"test completion: HTTP {r.status_code}: {r.text[:200]}"
-                except httpx.HTTPError as e:
-                    last = f"{type(e).__name__}: {e}"
-                except ValueError as e:  # a 200 whose body is not the API's JSON
-                    last = f"not an OpenAI-compatible answer ({e})"
-                time.sleep(0.25)
-        raise TransientError(f"arm {arm}: {ep.url} not ready within {deadline_s:.0f}s (last: {last})", delay=2.0)
+        wait_until_serving(
+            deployment.endpoint, deadline_s, f"arm {arm}", require_model=True,
+            api=deployment.handles.get("api", "completions"), headers=deployment.handles.get("headers", {}),
+            auth_hint=_auth_hint(arm), timeout_s=min(self.timeout_s, max(deadline_s, 1.0)), retry_delay_s=2.0,
+        )
+
+    def alive(self, deployment: Deployment) -> bool:
+        """The stack is not ours to watch: whether it still answers ``/v1/models``."""
+        try:
+            with httpx.Client(timeout=self.timeout_s, headers=deployment.handles.get("headers", {})) as c:
+                served_models(c, deployment.endpoint.url, f"arm {deployment.key.arm}", _auth_hint(deployment.key.arm))
+            return True
+        except (NotYet, OrchestratorError):
+            return False
 
     def scrape(self, deployment: Deployment) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -189,18 +178,15 @@ class ExternalBackend:
     def teardown(self, deployment: Deployment) -> None:
         """Nothing to stop: the stack was running before the run and keeps running."""
 
-    def cleanup(self, experiment: str) -> int:
+    def cleanup(self, experiment: str, final: bool = False) -> int:
         """Nothing is ever left behind."""
         return 0
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def _refuse_auth(r: httpx.Response, arm: str, url: str) -> None:
-    if r.status_code in AUTH_STATUSES:
-        raise PermanentError(
-            f"arm {arm}: {url} refused the request (HTTP {r.status_code}): give the credential as "
-            f"arms.{arm}.endpoint.headers (e.g. Authorization: {{env: MY_KEY, scheme: Bearer}})"
-        )
+def _auth_hint(arm: str) -> str:
+    return (f"give the credential as arms.{arm}.endpoint.headers "
+            "(e.g. Authorization: {env: MY_KEY, scheme: Bearer})")
 
 
 def _models(r: httpx.Response) -> list[dict[str, Any]]:
@@ -234,30 +220,3 @@ def _get_text(client: httpx.Client, url: str) -> str | None:
     except httpx.HTTPError:
         return None
     return r.text if r.status_code == 200 else None
-
-
-def _path(api: str) -> str:
-    return "/v1/chat/completions" if api == "chat" else "/v1/completions"
-
-
-def _test_body(model: str, api: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": READY_TOKENS, "ignore_eos": True, "stream": False,
-                            "temperature": 1.0}
-    if api == "chat":
-        body["messages"] = [{"role": "user", "content": "ready check"}]
-    else:
-        body["prompt"] = "ready check"
-    return body
-
-
-def _check_test_completion(r: httpx.Response, arm: str, url: str) -> None:
-    """The reply must count exactly the asked tokens in ``usage``: a server that ignores
-    max_tokens or ignore_eos would make every measured reply a different length."""
-    doc = r.json()
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    got = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if got != READY_TOKENS:
-        raise PermanentError(
-            f"arm {arm}: {url} returned {got} completion tokens for max_tokens={READY_TOKENS} with "
-            "ignore_eos: it must honour both (and report usage) for replies of the registered length"
-        )

@@ -32,14 +32,11 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.local_commands import (
     HOST,
@@ -58,14 +55,9 @@ from orchestrator.backends.local_commands import (
     sequential_ports,
     served_name,
 )
-from orchestrator.backends.processes import (
-    ChildProcess,
-    StateFile,
-    group_members,
-    start_process,
-    stop_group,
-)
-from orchestrator.errors import PermanentError, TransientError
+from orchestrator.backends.processes import ProcessBackend, group_members, stop_group
+from orchestrator.backends.readiness import wait_until_serving
+from orchestrator.errors import PermanentError
 from orchestrator.plan import Arm, Plan
 
 __all__ = [
@@ -75,15 +67,14 @@ __all__ = [
     "sequential_ports", "served_name", "stop_group",
 ]
 
-READY_PROMPT = "baba babe babi babo babu"
-READY_TOKENS = 4
-
 
 # -- the backend -----------------------------------------------------------------------------
-class LocalBackend:
+class LocalBackend(ProcessBackend):
     """Real vLLM engines and vllm-router as local processes (GPU box, or CPU with the tiny model)."""
 
     name = "local"
+    # A cold vLLM start (weights, compile, CUDA graphs) takes minutes, on CPU too.
+    STARTUP_BUDGET_S = 900.0
 
     def __init__(
         self,
@@ -92,11 +83,15 @@ class LocalBackend:
         device: Device | None = None,
         log: Callable[[str], None] = print,
     ):
-        self.state_dir = Path(state_dir)
+        super().__init__(state_dir)
         self.settings = settings or LocalSettings.from_env()
+        self.stop_grace_s = self.settings.stop_grace_s
         self.device = device or Device.detect()
         self.log = log
         self._engine_info: dict[str, Any] | None = None
+
+    def startup_budget_s(self, plan: Plan, arm: str) -> float:
+        return self.STARTUP_BUDGET_S
 
     # -- environment ----------------------------------------------------------------------------
     def engine_info(self) -> dict[str, Any]:
@@ -119,30 +114,18 @@ class LocalBackend:
                 raise PermanentError(f"cannot read the vLLM environment's versions: {e}") from e
         return dict(self._engine_info)
 
-    def fingerprint(self, arm: Arm, layout: ArmLayout) -> dict[str, Any]:
+    def fingerprint(self, arm: Arm, layout: ArmLayout) -> Fingerprint:
         info = self.engine_info()
         cuda = self.device.kind == "cuda"
-        return {
-            "backend": "local",
-            "engine_version": info["vllm"],
-            "torch_version": info["torch"],
-            "device": self.device.kind,
-            "device_name": self.device.name,
-            "gpu_type": arm.gpu if cuda else "cpu",
-            "nodes": [socket.gethostname()],
-            "node_pool": "local",
-            "driver": "vllm",
-            "kv_connector": layout.kv_connector,
-            "topology": f"vllm-router {_policy(layout)}" + (" P/D" if layout.kv_connector else ""),
-        }
+        return Fingerprint(
+            backend="local", gpu_type=arm.gpu if cuda else "cpu", engine_version=info["vllm"],
+            engine_version_source="package", gpu_products=(self.device.name,), node_pools=("local",),
+            driver_versions=("vllm",), nodes=(socket.gethostname(),), kv_transport=layout.kv_connector,
+            topology=f"vllm-router {_policy(layout)}" + (" P/D" if layout.kv_connector else ""),
+            details={"torch_version": info["torch"], "device": self.device.kind},
+        )
 
     # -- deploy ---------------------------------------------------------------------------------
-    def _run_dir(self, key: RunKey) -> Path:
-        return self.state_dir / key.experiment / key.slug
-
-    def _state(self, key: RunKey) -> StateFile:
-        return StateFile(self._run_dir(key) / "processes.json")
-
     def render(self, plan: Plan, arm: str, key: RunKey, ports: Iterator[int] | None = None) -> ArmLayout:
         return render_arm(plan, arm, self.device, self.settings, ports or free_ports(),
                           self._run_dir(key), key.slug)
@@ -168,18 +151,10 @@ class LocalBackend:
         (run_dir / "commands.txt").write_text(layout.describe())
         if layout.kv_dir:
             Path(layout.kv_dir).mkdir(parents=True, exist_ok=True)
-        state = self._state(key)
-        procs: list[ChildProcess] = []
-        try:
-            for p in (*layout.engines, layout.router):
-                procs.append(start_process(p.name, list(p.argv), p.port, run_dir / f"{p.name}.log",
-                                           env=dict(p.env)))
-                state.write(procs)
-        except OSError as e:
-            for p in reversed(procs):
-                stop_group(p.pid)
-            state.remove()
-            raise PermanentError(f"cannot start the local arm {arm}: {e}") from e
+        procs = self._start_all(
+            key, [(p.name, list(p.argv), p.port, dict(p.env)) for p in (*layout.engines, layout.router)],
+            f"the local arm {arm}",
+        )
         return Deployment(
             key=key,
             endpoint=Endpoint(url=layout.router.url, model=layout.served_model,
@@ -189,94 +164,23 @@ class LocalBackend:
                      "router": layout.router.url, "kv_dir": layout.kv_dir},
         )
 
-    # -- ready / scrape / teardown ----------------------------------------------------------------
+    # -- ready / scrape ------------------------------------------------------------------------
     def ready(self, deployment: Deployment, deadline_s: float) -> None:
-        """Every engine's /health, then the router's, then a test completion that must return
-        exactly the asked tokens (ignore_eos honoured)."""
-        deadline = time.monotonic() + deadline_s
-        procs: list[ChildProcess] = deployment.handles.get("procs", [])
-        pending = list(deployment.handles.get("engines", []))
-        router = deployment.handles.get("router", deployment.endpoint.url)
-        last = "engines starting"
-        with httpx.Client(timeout=10.0) as client:
-            while time.monotonic() < deadline:
-                dead = [p for p in procs if not p.alive()]
-                if dead:
-                    raise PermanentError(
-                        f"{dead[0].role} exited during start-up (log {dead[0].log}); log tail:\n"
-                        f"{_tail(Path(dead[0].log))}"
-                    )
-                try:
-                    pending = [u for u in pending if not _healthy(client, u)]
-                    if pending:
-                        last = f"waiting for {len(pending)} engine(s): {pending[0]}/health"
-                    elif not _healthy(client, router):
-                        last = f"waiting for the router {router}/health"
-                    else:
-                        got = _test_completion(client, deployment.endpoint)
-                        if got == READY_TOKENS:
-                            return
-                        raise PermanentError(
-                            f"the test completion asked {READY_TOKENS} tokens with ignore_eos and got "
-                            f"{got}: the engine does not honour the output limit"
-                        )
-                except (httpx.HTTPError, ValueError, KeyError) as e:
-                    last = f"{type(e).__name__}: {e}"
-                time.sleep(0.5)
-        raise TransientError(f"local arm not ready within {deadline_s:.0f}s (last: {last})", delay=5.0)
+        """Every engine's /health, then the router's, then the one readiness check."""
+        h = deployment.handles
+        wait_until_serving(
+            deployment.endpoint, deadline_s, f"local arm {deployment.key.arm}",
+            health_urls=[*h.get("engines", []), h.get("router", deployment.endpoint.url)],
+            checks=lambda: self.exited_check(deployment), poll_s=0.5,
+        )
 
     def scrape(self, deployment: Deployment) -> dict[str, str]:
         return scrape_urls(deployment.endpoint.metrics_urls, timeout_s=10.0)
 
-    def alive(self, deployment: Deployment) -> bool:
-        """Whether every process of the deployment still runs."""
-        return all(p.alive() for p in deployment.handles.get("procs", []))
-
-    def teardown(self, deployment: Deployment) -> None:
-        procs = deployment.handles.get("procs") or self._state(deployment.key).read()
-        for p in reversed(procs):  # router first, then engines
-            stop_group(p.pid, self.settings.stop_grace_s)
-        kv_dir = deployment.handles.get("kv_dir")
-        if kv_dir:
-            shutil.rmtree(kv_dir, ignore_errors=True)
-        self._state(deployment.key).remove()
-
-    def cleanup(self, experiment: str) -> int:
-        removed = 0
-        for state_path in (self.state_dir / experiment).glob("*/processes.json"):
-            for p in reversed(StateFile(state_path).read()):
-                removed += int(stop_group(p.pid, self.settings.stop_grace_s))
-            shutil.rmtree(state_path.parent / "kv", ignore_errors=True)
-            StateFile(state_path).remove()
-        return removed
+    def _after_stop(self, run_dir: Path) -> None:
+        shutil.rmtree(run_dir / "kv", ignore_errors=True)
 
 
 def _policy(layout: ArmLayout) -> str:
     argv = layout.router.argv
     return argv[argv.index("--policy") + 1]
-
-
-def _healthy(client: httpx.Client, url: str) -> bool:
-    try:
-        return client.get(f"{url}/health").status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _test_completion(client: httpx.Client, endpoint: Endpoint) -> int:
-    r = client.post(
-        f"{endpoint.url}/v1/completions",
-        json={"model": endpoint.model, "prompt": READY_PROMPT, "max_tokens": READY_TOKENS,
-              "ignore_eos": True, "temperature": 1.0, "stream": False},
-        timeout=120.0,
-    )
-    if r.status_code != 200:
-        raise ValueError(f"test completion: HTTP {r.status_code}: {r.text[:200]}")
-    return int(r.json()["usage"]["completion_tokens"])
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

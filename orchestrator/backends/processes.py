@@ -1,5 +1,7 @@
 """Local child processes for backends: started in their own process group, logged to files,
-remembered in a state file so a crashed controller's leftovers can be found and stopped."""
+remembered in a state file so a crashed controller's leftovers can be found and stopped; and
+``ProcessBackend``, what the sim and local backends share (state files, alive, teardown,
+cleanup, log tails)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+from orchestrator.backends.base import QUICK_START_BUDGET_S, Deployment, RunKey
+from orchestrator.errors import PermanentError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -153,3 +159,79 @@ class StateFile:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def log_tail(path: str | Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file (for error messages)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class ProcessBackend:
+    """Arms as local processes: one state file per run attempt lists them (so teardown is
+    idempotent and ``cleanup`` finds a crashed controller's leftovers); ``handles["procs"]``
+    holds the ``ChildProcess`` list in start order (router last)."""
+
+    name = "process"
+    stop_grace_s = 5.0
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = Path(state_dir)
+
+    def _run_dir(self, key: RunKey) -> Path:
+        return self.state_dir / key.experiment / key.slug
+
+    def _state(self, key: RunKey) -> StateFile:
+        return StateFile(self._run_dir(key) / "processes.json")
+
+    def startup_budget_s(self, plan: Any, arm: str) -> float:
+        return QUICK_START_BUDGET_S
+
+    def _start_all(self, key: RunKey, specs: list[tuple[str, list[str], int, dict[str, str] | None]],
+                   what: str) -> list[ChildProcess]:
+        """Start ``(role, argv, port, env)`` in order, recording each in the run's state file;
+        if one cannot start, stop those started and raise PermanentError."""
+        run_dir = self._run_dir(key)
+        state = self._state(key)
+        procs: list[ChildProcess] = []
+        try:
+            for role, argv, port, env in specs:
+                procs.append(start_process(role, argv, port, run_dir / f"{role}.log", env=env))
+                state.write(procs)
+        except OSError as e:
+            for p in reversed(procs):
+                stop_group(p.pid, self.stop_grace_s)
+            state.remove()
+            raise PermanentError(f"cannot start {what}: {e}") from e
+        return procs
+
+    def exited_check(self, deployment: Deployment) -> None:
+        """Raise PermanentError naming the first process of the deployment that exited."""
+        for p in deployment.handles.get("procs", []):
+            if not p.alive():
+                raise PermanentError(f"{p.role} exited during start-up (log {p.log}); log tail:\n{log_tail(p.log)}")
+
+    def alive(self, deployment: Deployment) -> bool:
+        """Whether every process of the deployment still runs."""
+        return all(p.alive() for p in deployment.handles.get("procs", []))
+
+    def _after_stop(self, run_dir: Path) -> None:
+        """What a backend removes besides its processes (a KV folder); none by default."""
+
+    def teardown(self, deployment: Deployment) -> None:
+        procs = deployment.handles.get("procs") or self._state(deployment.key).read()
+        for p in reversed(procs):  # router first, then workers
+            stop_group(p.pid, self.stop_grace_s)
+        self._after_stop(self._run_dir(deployment.key))
+        self._state(deployment.key).remove()
+
+    def cleanup(self, experiment: str, final: bool = False) -> int:
+        removed = 0
+        for state_path in (self.state_dir / experiment).glob("*/processes.json"):
+            for p in reversed(StateFile(state_path).read()):
+                removed += int(stop_group(p.pid, self.stop_grace_s))
+            self._after_stop(state_path.parent)
+            StateFile(state_path).remove()
+        return removed

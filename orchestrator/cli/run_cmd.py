@@ -124,15 +124,13 @@ def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: s
 
 def _experiment_doc(store, key: str) -> tuple[dict, int]:
     """An experiment's verdicts (as stored when it finished; judged now if it has none yet)."""
-    from orchestrator.control.verdicts import gate_code, judge_experiment, valid_runs
+    from orchestrator.control.verdicts import experiment_complete, gate_code, judge_experiment
 
     exp = store.get_experiment(key)
     reg = store.get_registration(exp.registration_id)
     plan = plan_from_canonical(reg.canonical_json)
     runs = store.runs(exp.id)
-    counted = valid_runs(store, exp.id)
-    complete = exp.status == "done" and all(
-        (b, a) in counted for b in range(plan.design.blocks) for a in ("A", "B"))
+    complete = experiment_complete(store, exp.id, plan)
     stored = {v.bar_id: v for v in store.verdicts(exp.id)}
     if stored:
         verdicts = [

@@ -36,22 +36,15 @@ def _run_experiment(db_url: str, experiment_id: int, state_root: str) -> dict[st
     """Body of the Ray task that runs one experiment (in a Ray worker process)."""
     from pathlib import Path
 
-    from orchestrator.control.executor import Executor, ExecutorConfig
     from orchestrator.control.progress import PlainProgress
-    from orchestrator.control.session import generator_ceiling, make_backend, simulator_priors
+    from orchestrator.control.session import build_executor
     from orchestrator.store import Store
 
     with Store.open(db_url) as store:
         exp = store.get_experiment(experiment_id)
         plan = plan_from_canonical(store.get_registration(exp.registration_id).canonical_json)
-        root = Path(state_root)
-        progress = PlainProgress()
-        backend = make_backend(plan.backend, root, progress)
-        config = ExecutorConfig(
-            state_dir=root, generator_ceiling=generator_ceiling(plan, root),
-            priors=simulator_priors(plan) if plan.backend == "sim" and plan.search.use_prior else {},
-        )
-        executor = Executor(store, backend, config, progress, session=f"ray:{socket.gethostname()}:{os.getpid()}")
+        executor = build_executor(plan, store, None, Path(state_root), PlainProgress(),
+                                  session=f"ray:{socket.gethostname()}:{os.getpid()}")
         try:
             out = executor.run(plan, experiment_id=experiment_id)
         except Exception:

@@ -16,14 +16,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
 from orchestrator.analysis.search import CapacitySearch
-from orchestrator.backends.base import Backend, Deployment, RunKey
+from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
 from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
-from orchestrator.control.verdicts import BACK_TO_BACK, BarOutcome, gate_exit_code, judge_experiment
+from orchestrator.control.verdicts import (
+    BACK_TO_BACK,
+    BarOutcome,
+    experiment_complete,
+    gate_exit_code,
+    judge_experiment,
+)
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
 from orchestrator.plan import Plan
 from orchestrator.store.repository import same_plan
@@ -36,7 +43,7 @@ class RunInvalid(Exception):
 @dataclass
 class ExecutorConfig:
     state_dir: Path
-    ready_deadline_s: float = 180.0
+    ready_deadline_s: float | None = None  # None: the backend's start-up budget for the arm
     max_blocks: int | None = None  # run only this many blocks now (a later run resumes)
     generator_ceiling: float | None = None  # requests/s one process sustains (calibration)
     priors: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> class -> rate
@@ -52,6 +59,7 @@ class RunSummary:
     reason: str | None
     capacities: dict[str, float]
     points: int
+    retry_after_s: float = 0.0  # a transient failure's delay before the next attempt
 
 
 @dataclass
@@ -62,7 +70,7 @@ class ExperimentOutcome:
     sha256: str
     runs: list[RunSummary]
     bars: list[BarOutcome]
-    complete: bool  # every block has a valid run of each arm
+    complete: bool  # done, and every planned block counts (valid runs of both arms, guards passed)
     resumed: bool
 
     @property
@@ -81,6 +89,7 @@ class Executor:
         self.progress = progress or PlainProgress()
         self.session = session or f"{socket.gethostname()}:{os.getpid()}"
         self._measured: dict[tuple[int, float], int] = {}  # (run, rate) -> times measured
+        self._sleep: Callable[[float], None] = time.sleep
 
     # -- experiment lifecycle -----------------------------------------------------------------
     def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[object, int, bool]:
@@ -143,10 +152,11 @@ class Executor:
             j = o.judgement
             self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
                                       _finite(j.lower), _finite(j.upper), j.n)
-        complete = self._complete(exp_id, order)
         finished_all = self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
         if finished_all:
             self.store.set_experiment_status(exp_id, "done")
+            self.backend.cleanup(exp.name, final=True)
+        complete = experiment_complete(self.store, exp_id, plan)
         return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, summaries, bars, complete, resumed)
 
     def _recover(self, exp_id: int, exp_name: str) -> None:
@@ -160,10 +170,6 @@ class Executor:
         if stale or removed:
             self.progress.note(f"recovered: {len(stale)} interrupted run(s) aborted, {removed} leftover process(es) stopped")
 
-    def _complete(self, exp_id: int, order: list[tuple[int, list[str]]]) -> bool:
-        done = {(r.block, r.arm) for r in self.store.runs(exp_id) if r.status == "done" and r.valid}
-        return all((b, a) in done for b, arms in order for a in arms)
-
     # -- one (block, arm) ---------------------------------------------------------------------
     def _ensure_run(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
                     arm: str, config_id: int) -> RunSummary | None:
@@ -175,6 +181,9 @@ class Executor:
         attempt = 1 + max((r.attempt for r in prior), default=-1)
         last: RunSummary | None = None
         while failures <= plan.design.max_retries:
+            if last is not None and last.retry_after_s > 0:
+                self.progress.note(f"block {block} arm {arm}: retrying in {last.retry_after_s:.0f}s")
+                self._sleep(last.retry_after_s)
             last = self._run_once(plan, exp_id, exp_name, block, position, arm, attempt, config_id)
             if last.valid:
                 return last
@@ -187,19 +196,28 @@ class Executor:
 
     def _run_once(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
                   arm: str, attempt: int, config_id: int) -> RunSummary:
+        """One attempt. A guard failure or a TransientError ends it invalid (retried by the
+        caller, after the error's delay); a PermanentError is stored and raised: it would fail
+        every attempt and every block the same way, so the experiment stops with its remedy."""
         self.progress.run_started(block, arm, attempt)
         run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
         key = RunKey(exp_name, arm, block, attempt)
         dep: Deployment | None = None
         caps: dict[str, float] = {}
         points: dict[float, PointOutcome] = {}
-        fingerprint: dict = {"session": self.session}
+        facts: dict[str, Any] = {"session": self.session, "generator_ceiling_rps": self.config.generator_ceiling}
+        fingerprint = Fingerprint(backend=self.backend.name)
+
+        def record() -> dict[str, Any]:
+            return {**fingerprint.to_dict(), **facts}
+
         try:
             dep = self.backend.deploy(plan, arm, key)
-            fingerprint.update(dep.fingerprint)
-            fingerprint["generator_ceiling_rps"] = self.config.generator_ceiling
-            self.backend.ready(dep, self.config.ready_deadline_s)
-            fingerprint["ready_at"] = time.time()
+            fingerprint = dep.fingerprint
+            budget = self.config.ready_deadline_s or self.backend.startup_budget_s(plan, arm)
+            self.backend.ready(dep, budget)
+            fingerprint = dep.fingerprint  # ready() adds what it observed (nodes, images, versions)
+            facts["ready_at"] = time.time()
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
                                  self.config.generator_ceiling)
             runner.warm_up(dep, arm, block, attempt)
@@ -207,16 +225,22 @@ class Executor:
             for bar in plan.bars:
                 if bar.rate is not None and not _near(points, bar.rate):
                     self._point(plan, arm, block, run_id, dep, runner, points, bar.rate, None)
-            fingerprint["finished_at"] = time.time()
-            self.store.finish_run(run_id, "done", True, None, fingerprint)
+            facts["finished_at"] = time.time()
+            self.store.finish_run(run_id, "done", True, None, record())
             line = ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
             self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({len(points)} points)")
             return RunSummary(run_id, block, arm, attempt, True, None, caps, len(points))
-        except (RunInvalid, TransientError, PermanentError) as e:
+        except PermanentError as e:
+            reason = f"PermanentError: {e}"
+            self.store.finish_run(run_id, "failed", False, reason, record())
+            self.progress.run_done(f"block {block} arm {arm}: FAILED ({reason}); not retried")
+            raise
+        except (RunInvalid, TransientError) as e:
             reason = str(e) if isinstance(e, RunInvalid) else f"{type(e).__name__}: {e}"
-            self.store.finish_run(run_id, "failed", False, reason, fingerprint)
+            delay = e.delay if isinstance(e, TransientError) else 0.0
+            self.store.finish_run(run_id, "failed", False, reason, record())
             self.progress.run_done(f"block {block} arm {arm}: INVALID ({reason}); will retry if allowed")
-            return RunSummary(run_id, block, arm, attempt, False, reason, caps, len(points))
+            return RunSummary(run_id, block, arm, attempt, False, reason, caps, len(points), delay)
         finally:
             if dep is not None:
                 self.backend.teardown(dep)
@@ -263,9 +287,8 @@ class Executor:
         return p
 
     def _check_server(self, dep: Deployment, p: PointOutcome) -> None:
-        alive: Callable[[Deployment], bool] | None = getattr(self.backend, "alive", None)
-        if alive is not None and not alive(dep):
-            raise RunInvalid("a server process of the arm died during the point")
+        if not self.backend.alive(dep):
+            raise RunInvalid("a server of the arm died or restarted during the point")
         errors = sum(1 for r in p.records if r.status in ERROR_STATUSES)
         if errors:
             try:
@@ -292,19 +315,27 @@ class Executor:
             if a.external else (a.engine.version, b.engine.version),
         }
         differs = {k for k, (x, y) in registered.items() if x != y}
+        # Other GPU types run on other nodes (pools, drivers); another version is another image.
+        masked = ({"gpu_type", "gpu_products", "node_pools", "driver_versions"} if "gpu_type" in differs else set())
+        masked |= {"engine_version", "images"} if "engine_version" in differs else set()
         envs = []
         for r in by_arm.values():
-            fp = r.fingerprint or {}
+            fp = Fingerprint.from_dict(r.fingerprint)
+
+            def seen(name: str, fp: Fingerprint = fp) -> str:
+                if name in masked:
+                    return "registered per arm"
+                return ",".join(fp.image_digests()) if name == "images" else fp.compared_value(name)
+
             envs.append(RunEnvironment(
                 arm=r.arm,
-                gpu_type="registered per arm" if "gpu_type" in differs else str(fp.get("gpu_type", "")),
-                engine_version="registered per arm" if "engine_version" in differs
-                else str(fp.get("engine_version", "")),
-                node_pool=str(fp.get("node_pool", "")), started_s=_ts(r.started_at),
-                ended_s=_ts(r.finished_at or r.started_at),
+                gpu_type=seen("gpu_type") + ("" if "gpu_type" in masked else f" ({seen('gpu_products')})"),
+                engine_version=seen("engine_version"),
+                node_pool=seen("node_pools"), driver=seen("driver_versions"), image=seen("images"),
+                started_s=_ts(r.started_at), ended_s=_ts(r.finished_at or r.started_at),
                 # One measurement session = one experiment on one backend; a resumed controller
                 # continues the session (the time window still bounds it).
-                session=f"{exp_id}:{fp.get('backend', '')}",
+                session=f"{exp_id}:{fp.backend}",
             ))
         result: GuardResult = back_to_back(envs, window_h=plan.design.window_h)
         for r in by_arm.values():

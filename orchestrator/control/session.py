@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_data_dir
 
@@ -27,8 +28,15 @@ def state_dir() -> Path:
     return path
 
 
+BACKENDS = ("sim", "local", "kubernetes", "external")
+# Backends whose arms run on the plan's GPU type, where the simulator's prediction is a fair
+# prior for the capacity search (the local backend may run vLLM's CPU build; external arms
+# run on hardware the plan only describes).
+PRIOR_BACKENDS = ("sim", "kubernetes")
+
+
 def make_backend(name: str, root: Path, progress: ProgressSink | None = None) -> Backend:
-    """The backend a plan (or --backend) names."""
+    """The backend a plan (or --backend) names, as every entry point builds it."""
     say = progress.note if progress else print
     if name == "sim":
         from orchestrator.backends.sim import SimBackend
@@ -39,18 +47,26 @@ def make_backend(name: str, root: Path, progress: ProgressSink | None = None) ->
             from orchestrator.backends.local import LocalBackend
         except ImportError as e:  # pragma: no cover - depends on the optional vLLM set-up
             raise EnvironmentProblem(f"the local backend cannot load: {e}") from e
-        return LocalBackend(root / "local")  # type: ignore[call-arg]
+        return LocalBackend(root / "local", log=say)
     if name == "kubernetes":
-        try:
-            from orchestrator.backends.kubernetes import KubernetesBackend
-        except ImportError as e:  # pragma: no cover
-            raise EnvironmentProblem(f"the kubernetes backend cannot load: {e}") from e
-        return KubernetesBackend.from_environment()  # type: ignore[attr-defined]
+        from orchestrator.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend.from_environment(log=say)
     if name == "external":
         from orchestrator.backends.external import ExternalBackend
 
         return ExternalBackend(log=say)
-    raise UserError(f"unknown backend {name!r}: sim, local, kubernetes or external")
+    raise UserError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
+
+
+def choose_backend(plan: Plan, backend: str | None) -> str:
+    """--backend over the plan's; external and provisioned arms are not interchangeable."""
+    chosen = backend or plan.backend
+    if "external" in (chosen, plan.backend) and chosen != plan.backend:
+        raise UserError(f"--backend {chosen}: this plan's arms are "
+                        f"{'endpoints that already run' if plan.backend == 'external' else 'provisioned'}"
+                        f" (backend {plan.backend}); external and provisioned arms are not interchangeable")
+    return chosen
 
 
 def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
@@ -90,9 +106,34 @@ def simulator_priors(plan: Plan) -> dict[str, dict[str, float]]:
         return {}
 
 
+def build_executor(
+    plan: Plan,
+    store: Any,
+    backend: str | None,
+    root: Path,
+    progress: ProgressSink,
+    blocks: int | None = None,
+    backend_obj: Backend | None = None,
+    session: str | None = None,
+) -> Executor:
+    """The one wiring of backend, generator ceiling and priors, for `orch run` in the
+    foreground and for the Ray controller's experiment task."""
+    chosen = choose_backend(plan, backend)
+    be = backend_obj or make_backend(chosen, root, progress)
+    ceiling = generator_ceiling(plan, root)
+    if ceiling is not None:
+        progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
+    elif os.environ.get("ORCH_SKIP_CALIBRATION") != "1":
+        progress.note("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); "
+                      "no ceiling enforced, the generator-lag guard still judges every point")
+    priors = simulator_priors(plan) if plan.search.use_prior and be.name in PRIOR_BACKENDS else {}
+    config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors)
+    return Executor(store, be, config, progress, session=session)
+
+
 def run_plan(
     plan: Plan,
-    store,
+    store: Any,
     backend: str | None = None,
     blocks: int | None = None,
     new: bool = False,
@@ -102,22 +143,8 @@ def run_plan(
 ) -> ExperimentOutcome:
     """Run (or resume) a plan to its verdicts in this process."""
     progress = progress or progress_for_terminal()
-    root = state_dir()
     try:
-        chosen = backend or plan.backend
-        if "external" in (chosen, plan.backend) and chosen != plan.backend:
-            raise UserError(f"--backend {chosen}: this plan's arms are "
-                            f"{'endpoints that already run' if plan.backend == 'external' else 'provisioned'}"
-                            f" (backend {plan.backend}); external and provisioned arms are not interchangeable")
-        be = backend_obj or make_backend(chosen, root, progress)
-        ceiling = generator_ceiling(plan, root)
-        if ceiling is not None:
-            progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
-        elif os.environ.get("ORCH_SKIP_CALIBRATION") != "1":
-            progress.note("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); "
-                          "no ceiling enforced, the generator-lag guard still judges every point")
-        priors = simulator_priors(plan) if plan.search.use_prior and chosen == "sim" else {}
-        config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors)
-        return Executor(store, be, config, progress).run(plan, new=new, name=name)
+        executor = build_executor(plan, store, backend, state_dir(), progress, blocks, backend_obj)
+        return executor.run(plan, new=new, name=name)
     finally:
         progress.close()

@@ -91,6 +91,16 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
     ]
 
 
+def experiment_complete(store, experiment_id: int, plan: Plan) -> bool:
+    """The one definition of "complete" for `orch run` and `orch verdict --gate`: the
+    experiment is done and every planned block counts (valid runs of both arms whose
+    run-level guards, back-to-back included, passed)."""
+    if store.get_experiment(experiment_id).status != "done":
+        return False
+    counted = valid_runs(store, experiment_id)
+    return all((b, arm) in counted for b in range(plan.design.blocks) for arm in plan.arms)
+
+
 def gate_exit_code(outcomes: list[BarOutcome], incomplete: bool) -> int:
     """`orch verdict --gate`: 5 a run invalid (a block without valid runs), 3 a bar rejected,
     4 inconclusive, 0 every bar accepted."""

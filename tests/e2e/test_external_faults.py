@@ -59,5 +59,5 @@ def test_a_fault_fails_the_run_with_its_guard(store, state, fault: dict[str, Any
     assert len(pts) >= 1
     for _, p in pts.iterrows():
         assert len(store.requests(int(p.id))) == int(p.n_scheduled)
-    assert a.fingerprint["backend"] == "external" and a.fingerprint["models"][0]["id"] == "fault-model"
+    assert a.fingerprint["backend"] == "external" and a.fingerprint["details"]["models"][0]["id"] == "fault-model"
     assert not out.complete and out.gate_code == 5

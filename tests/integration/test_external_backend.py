@@ -42,13 +42,13 @@ def test_fingerprint_reads_models_headers_version_and_metrics(server: FaultServe
     assert dep.endpoint.url == server.url and dep.endpoint.model == "fault-model"
     assert dep.endpoint.metrics_urls == (f"{server.url}/metrics",)
     fp = dep.fingerprint
-    assert fp["backend"] == "external" and fp["models"][0]["id"] == "fault-model"
-    assert fp["response_headers"]["server"] == "fault-server/1.0"
-    assert (fp["engine_version"], fp["engine_version_source"]) == ("0.11.0-fault", "/version")
-    assert fp["cache_config"]["block_size"] == "16"
-    assert fp["labels"]["gpu"] == "H100-SXM"
+    assert fp.backend == "external" and fp.details["models"][0]["id"] == "fault-model"
+    assert fp.details["response_headers"]["server"] == "fault-server/1.0"
+    assert (fp.engine_version, fp.engine_version_source) == ("0.11.0-fault", "/version")
+    assert fp.details["cache_config"]["block_size"] == "16"
+    assert fp.details["labels"]["gpu"] == "H100-SXM"
     # Not observable from outside, so not claimed (the labels describe it).
-    assert "gpu_type" not in fp and "node_pool" not in fp
+    assert fp.gpu_type is None and fp.node_pools == () and fp.nodes == () and fp.gpu_products == ()
     # Nothing to tear down, nothing left over.
     be.teardown(dep)
     assert be.cleanup("ext-test") == 0
@@ -56,10 +56,10 @@ def test_fingerprint_reads_models_headers_version_and_metrics(server: FaultServe
 
 def test_a_changed_server_changes_the_identity(server: FaultServer) -> None:
     plan = validate_plan(external_plan(server.url, server.url))
-    first = ExternalBackend(env={}).deploy(plan, "A", KEY).fingerprint["identity"]
+    first = ExternalBackend(env={}).deploy(plan, "A", KEY).fingerprint.details["identity"]
     with start_fault_server(version="0.12.0") as other:
         plan2 = validate_plan(external_plan(other.url, other.url))
-        second = ExternalBackend(env={}).deploy(plan2, "A", KEY).fingerprint["identity"]
+        second = ExternalBackend(env={}).deploy(plan2, "A", KEY).fingerprint.details["identity"]
     assert first != second
 
 
@@ -84,7 +84,7 @@ def test_ready_refuses_a_server_that_ignores_max_tokens_at_once() -> None:
         plan = validate_plan(external_plan(s.url, s.url))
         be = ExternalBackend(env={})
         dep = be.deploy(plan, "A", KEY)
-        with pytest.raises(PermanentError, match=r"completion tokens for max_tokens=4"):
+        with pytest.raises(PermanentError, match=r"asked for 4 tokens with ignore_eos and got \d+ completion tokens"):
             be.ready(dep, 30)
 
 
@@ -122,7 +122,7 @@ def test_header_values_come_from_the_environment_and_are_never_stored() -> None:
         be = ExternalBackend(env={"FAULT_KEY": "sk-test-123"})
         dep = be.deploy(plan, "A", KEY)
         be.ready(dep, 10)
-        assert "sk-test-123" not in json.dumps(dep.fingerprint) and "sk-test-123" not in repr(dep)
+        assert "sk-test-123" not in json.dumps(dep.fingerprint.to_dict()) and "sk-test-123" not in repr(dep)
         # The load itself carries the key (a point's streamed requests, not just the probes).
         import asyncio
 

@@ -244,10 +244,10 @@ def test_deploy_ready_fingerprint_scrape_teardown(cluster: RunningCluster, route
     cluster.start_pods(ns)
     backend.ready(dep, deadline_s=10)
     fp = dep.fingerprint
-    assert fp["nodes"] == ["gpu-1"] and fp["gpu_products"] == ["NVIDIA-H200"]
-    assert fp["driver_versions"] == ["570.133.20"] and fp["node_pools"] == ["karpenter.sh/nodepool=h200-pool"]
-    assert fp["images"]["vllm/vllm-openai:v0.11.0"].endswith("@sha256:" + "ab" * 32)
-    assert fp["engine_version"] == "v0.11.0" and fp["gpu_type"] == "H200"
+    assert fp.nodes == ("gpu-1",) and fp.gpu_products == ("NVIDIA-H200",)
+    assert fp.driver_versions == ("570.133.20",) and fp.node_pools == ("karpenter.sh/nodepool=h200-pool",)
+    assert fp.image_digests() == ("sha256:" + "ab" * 32,)
+    assert fp.engine_version == plan.arm("A").engine.version and fp.gpu_type == "H200"
     assert dep.endpoint.url == router_url and len(dep.endpoint.metrics_urls) == 4
 
     scraped = backend.scrape(dep)

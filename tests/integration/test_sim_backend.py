@@ -45,7 +45,7 @@ def test_colocated_replicas_behind_round_robin_router(tmp_path) -> None:
         assert len(workers) == 2
         # Round robin: both workers served requests.
         assert all(_counter(scraped[u], "vllm:generation_tokens") > 0 for u in workers)
-        assert dep.fingerprint["gpu_type"] == "H200" and "vllm-router" in dep.fingerprint["topology"]
+        assert dep.fingerprint.gpu_type == "H200" and "vllm-router" in dep.fingerprint.topology
     finally:
         backend.teardown(dep)
     assert not any(p.alive() for p in dep.handles["procs"])
@@ -69,7 +69,7 @@ def test_disaggregated_arm_through_router_pd_mode(tmp_path) -> None:
         decode = scraped[f"http://127.0.0.1:{procs['decode-0'].port}/metrics"]
         assert _counter(prefill, "vllm:prompt_tokens") > 0
         assert _counter(decode, "vllm:generation_tokens") >= 16
-        assert "P/D" in dep.fingerprint["topology"]
+        assert "P/D" in dep.fingerprint.topology
     finally:
         backend.teardown(dep)
 
@@ -87,7 +87,7 @@ def test_router_that_cannot_run_falls_back_to_whole_arm(tmp_path) -> None:
     try:
         backend.ready(dep, 120)
         assert _complete(dep.endpoint.url, dep.endpoint.model)["usage"]["completion_tokens"] == 8
-        assert dep.fingerprint["topology"] == "whole-arm sim server"
+        assert dep.fingerprint.topology == "whole-arm sim server"
     finally:
         backend.teardown(dep)
 

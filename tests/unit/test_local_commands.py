@@ -238,9 +238,9 @@ def test_fingerprint_names_engine_torch_and_device(tmp_path: Path) -> None:
     plan = _tiny_plan()
     layout = backend.render(plan, "B", RunKey("exp", "B", 0), sequential_ports(7000))
     fp = backend.fingerprint(plan.arm("B"), layout)
-    assert fp["engine_version"] == "0.32.0" and fp["torch_version"] == "2.13.0"
-    assert fp["device"] == "cpu" and fp["device_name"] == "Xeon" and fp["gpu_type"] == "cpu"
-    assert fp["kv_connector"] == "ExampleConnector" and fp["topology"].endswith("P/D")
+    assert fp.engine_version == "0.32.0" and fp.details["torch_version"] == "2.13.0"
+    assert fp.details["device"] == "cpu" and fp.gpu_products == ("Xeon",) and fp.gpu_type == "cpu"
+    assert fp.kv_transport == "ExampleConnector" and fp.topology.endswith("P/D")
 
 
 def test_local_backend_implements_the_backend_protocol(tmp_path: Path) -> None:

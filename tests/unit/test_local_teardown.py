@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.local import (
     Device,
     LocalBackend,
@@ -46,7 +46,7 @@ def _backend(tmp_path: Path) -> LocalBackend:
 def test_teardown_leaves_no_process_of_the_group(tmp_path: Path) -> None:
     proc = _start(tmp_path, "worker-0")
     key = RunKey("exp", "A", 0)
-    dep = Deployment(key=key, endpoint=Endpoint(url="http://127.0.0.1:1", model="m"),
+    dep = Deployment(key=key, endpoint=Endpoint(url="http://127.0.0.1:1", model="m"), fingerprint=Fingerprint("local"),
                      handles={"procs": [proc]})
     backend = _backend(tmp_path)
     backend.teardown(dep)

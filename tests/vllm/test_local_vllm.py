@@ -91,8 +91,8 @@ def test_teardown_leaves_no_process(backend: LocalBackend, colocated: Deployment
 def test_one_prefill_one_decode_hands_kv_over_through_the_router(
     backend: LocalBackend, disaggregated: Deployment, plan: Plan
 ) -> None:
-    assert disaggregated.fingerprint["kv_connector"] == "ExampleConnector"
-    assert disaggregated.fingerprint["topology"] == "vllm-router round_robin P/D"
+    assert disaggregated.fingerprint.kv_transport == "ExampleConnector"
+    assert disaggregated.fingerprint.topology == "vllm-router round_robin P/D"
     specs = build_requests(plan.workload, 3, seed=5)
     for spec in specs:
         got = stream_completion(disaggregated.endpoint.url, disaggregated.endpoint.model, spec.prompt, 16)

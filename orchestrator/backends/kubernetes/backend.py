@@ -13,9 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
-from orchestrator.backends.base import Deployment, Endpoint, RunKey
+from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.api import KubeApi, in_cluster, load_api_client
 from orchestrator.backends.kubernetes.diagnose import no_matching_node, pod_state, warning_events
@@ -25,6 +23,7 @@ from orchestrator.backends.kubernetes.render import (
     owner_reference,
     render_arm,
 )
+from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Plan, plan_hash
 
@@ -64,6 +63,18 @@ class KubernetesBackend:
         self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
         self._forwards: dict[str, Any] = {}  # run name -> PortForward
 
+    @classmethod
+    def from_environment(cls, log: Callable[[str], None] = print) -> KubernetesBackend:
+        """The backend as `orch run --backend kubernetes` and the Ray controller build it: the
+        cluster from the in-cluster service account or KUBECONFIG, ORCH_K8S_NAMESPACE and
+        ORCH_K8S_ENDPOINT from the environment. Fails here, not at the first deploy, when no
+        cluster is configured."""
+        return cls(api=KubeApi(load_api_client()))
+
+    def startup_budget_s(self, plan: Plan, arm: str) -> float:
+        """The plan's start-up budget (image pull, weights, compile, CUDA graphs)."""
+        return float(plan.kubernetes.startup_timeout_s)
+
     @property
     def api(self) -> KubeApi:
         if self._api is None:
@@ -94,8 +105,8 @@ class KubernetesBackend:
         return Deployment(
             key=key,
             endpoint=Endpoint(url=url, model=plan.model.name),
-            fingerprint={"backend": self.name, "engine_version": arm_spec.engine.version,
-                         "gpu_type": arm_spec.gpu, "namespace": ns},
+            fingerprint=Fingerprint(backend=self.name, engine_version=arm_spec.engine.version,
+                                    gpu_type=arm_spec.gpu, namespace=ns),
             handles={
                 "namespace": ns,
                 "run": naming.run_name(key),
@@ -143,6 +154,15 @@ class KubernetesBackend:
         self._ensure_endpoint(deployment, pods)
         self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
 
+    def alive(self, deployment: Deployment) -> bool:
+        """Every pod of the run is still Ready and none restarted since it became ready."""
+        h = deployment.handles
+        pods = self.api.list("Pod", h["namespace"], labels=h["run_selector"])
+        restarts = sum(int(cs.get("restartCount", 0)) for p in pods
+                       for cs in (p.get("status") or {}).get("containerStatuses") or [])
+        return (len(pods) >= h["expected_pods"] and all(pod_state(p).ready for p in pods)
+                and restarts <= h.get("restarts_at_ready", restarts))
+
     def _gpu_nodes_exist(self, h: dict[str, Any]) -> bool:
         values = ",".join(h["gpu_values"])
         return bool(self.api.list("Node", labels=f"{h['gpu_label']} in ({values})"))
@@ -175,11 +195,12 @@ class KubernetesBackend:
             if not any(k in labels for k in DRIVER_LABELS[:1]) and DRIVER_LABELS[1] in labels:
                 drivers.add(labels[DRIVER_LABELS[1]])
             pools.update(f"{k}={labels[k]}" for k in NODE_POOL_LABELS if k in labels)
-        deployment.fingerprint.update({
-            "nodes": sorted(nodes), "images": dict(sorted(images.items())),
-            "gpu_products": sorted(products), "driver_versions": sorted(drivers),
-            "node_pools": sorted(pools),
-        })
+        deployment.handles["restarts_at_ready"] = sum(
+            int(cs.get("restartCount", 0)) for p in pods for cs in (p.get("status") or {}).get("containerStatuses") or [])
+        deployment.fingerprint = deployment.fingerprint.observed(
+            nodes=nodes, images=set(images.values()), gpu_products=products, driver_versions=drivers,
+            node_pools=pools,
+        )
 
     def _ensure_endpoint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
         ep = deployment.endpoint
@@ -226,7 +247,7 @@ class KubernetesBackend:
             if kind != "Namespace":
                 self.api.delete(kind, name, h["namespace"])
 
-    def cleanup(self, experiment: str) -> int:
+    def cleanup(self, experiment: str, final: bool = False) -> int:
         """Delete every object labelled with ``experiment`` in the namespaces it may use."""
         namespaces = set(self._namespaces.get(experiment, set()))
         namespaces.add(self.namespace or naming.experiment_namespace(experiment))
@@ -240,22 +261,5 @@ class KubernetesBackend:
 
 
 def probe_completion(endpoint: Endpoint, deadline_s: float) -> None:
-    """Until ``deadline_s``: /health answers and a 4-token completion returns exactly 4 tokens."""
-    deadline = time.monotonic() + deadline_s
-    last = "no answer"
-    with httpx.Client(timeout=10.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                if http.get(f"{endpoint.url}/health").status_code == 200:
-                    r = http.post(f"{endpoint.url}/v1/completions", json={
-                        "model": endpoint.model, "prompt": "ready check", "max_tokens": 4,
-                        "ignore_eos": True, "temperature": 0,
-                    })
-                    got = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
-                    if got == 4:
-                        return
-                    last = f"completion returned HTTP {r.status_code}, {got} tokens"
-            except (httpx.HTTPError, ValueError) as e:
-                last = str(e) or type(e).__name__
-            time.sleep(0.5)
-    raise TransientError(f"router at {endpoint.url} did not serve a test completion: {last}")
+    """Until ``deadline_s``: the one readiness check through the router."""
+    wait_until_serving(endpoint, deadline_s, f"router at {endpoint.url}", health_urls=[endpoint.url], poll_s=0.5)
