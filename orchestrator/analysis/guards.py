@@ -42,6 +42,7 @@ class PointContext:
     service_class: ServiceClass | None = None  # class judged by the steady-state guard
     attainment_threshold: float = 0.90
     sim_lateness_p99_s: float | None = None  # a simulated server's step lateness (its /metrics)
+    access_path_p99_s: float | None = None  # round trip the load's path adds (port-forward, ingress)
 
 
 def generator_lag(records: Sequence[RequestRecord], th: GuardThresholds) -> GuardResult:
@@ -158,6 +159,19 @@ def simulator_timing(lateness_p99_s: float | None, th: GuardThresholds) -> Guard
                        f"p99 step lateness of the simulated servers <= {ms:g} ms (bound {bound:g} ms)")
 
 
+def access_path(path_p99_s: float | None, th: GuardThresholds, cls: ServiceClass | None) -> GuardResult:
+    """Load sent from outside the cluster crosses a port-forward or an ingress: its own round
+    trip lands in every TTFT. Measured before the points; a material share of the class's TTFT
+    limit voids the point (send the load from inside: `orch submit`)."""
+    if path_p99_s is None or cls is None:
+        return GuardResult("access_path", True, None, None, "load sent directly; not checked")
+    bound_ms = th.max_access_path_share * cls.ttft_ms
+    ms = path_p99_s * 1000
+    return GuardResult("access_path", ms <= bound_ms, ms, bound_ms,
+                       f"p99 round trip of the access path {ms:.3g} ms vs {bound_ms:.3g} ms "
+                       f"({th.max_access_path_share:.0%} of the {cls.name} TTFT limit)")
+
+
 def steady_state(records: Sequence[RequestRecord], th: GuardThresholds, cls: ServiceClass,
                  window_s: float | None = None, attainment_threshold: float = 0.90) -> GuardResult:
     """Attainment and the share of requests fully served agree between the first and last
@@ -267,6 +281,7 @@ def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
         frozen_randomness(records, th),
         stalls(records, th),
         simulator_timing(ctx.sim_lateness_p99_s, th),
+        access_path(ctx.access_path_p99_s, th, ctx.service_class),
     ]
     if ctx.service_class is not None:
         out.append(steady_state(records, th, ctx.service_class, w, ctx.attainment_threshold))

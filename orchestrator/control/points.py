@@ -83,6 +83,15 @@ def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) ->
 SIM_LATENESS = "orch_sim_step_lateness_seconds"
 
 
+def access_path_p99(dep: Deployment) -> float | None:
+    """The p99 round trip of the load's path to the router, if the backend measured one
+    (a port-forward or ingress from outside the cluster)."""
+    path = dep.fingerprint.details.get("access_path")
+    if isinstance(path, dict) and path.get("rtt_p99_ms") is not None:
+        return float(path["rtt_p99_ms"]) / 1000
+    return None
+
+
 def sim_lateness_p99(before: Sequence[Sample], after: Sequence[Sample]) -> float | None:
     """Upper bound of the histogram bucket holding the p99 of the simulated servers' step
     lateness over the point (None when no server exports it: a real engine)."""
@@ -222,6 +231,7 @@ class PointRunner:
             shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
             service_class=judged_class, attainment_threshold=s.attainment,
             sim_lateness_p99_s=sim_lateness_p99(before, after),
+            access_path_p99_s=access_path_p99(dep),
         )
         guards = run_guards(records, plan.guards, context)
         flushed = sink.flush()
@@ -233,6 +243,7 @@ class PointRunner:
             "send_lag_p99_s": summary.send_lag_p99_s, "started_at": started,
             "records_spooled": not flushed, "seed": seed,
             "sim_lateness_p99_s": context.sim_lateness_p99_s,
+            "access_path_p99_s": context.access_path_p99_s,
         }
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,

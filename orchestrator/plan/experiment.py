@@ -161,6 +161,12 @@ class GuardThresholds(StrictModel):
     steady_state_tolerance: float = Field(
         default=0.15, ge=0, le=1, description="Steady state: first vs last third, relative difference."
     )
+    max_access_path_share: float = Field(
+        default=0.05, gt=0, le=1,
+        description="Access path: the p99 round trip the load's path to the router adds (a "
+        "port-forward or ingress, measured before the points) may be at most this share of the "
+        "judged class's TTFT limit; beyond it TTFT measures the path, not the server.",
+    )
     max_sim_lateness_p99_ms: float = Field(
         default=50.0, gt=0,
         description="Simulator timing: p99 of how late a simulated server's steps end against its "

@@ -9,7 +9,7 @@ NVIDIA GPU Feature Discovery, so a plain GPU cluster needs none of them.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -19,6 +19,9 @@ from orchestrator.plan.catalog import GPUS, canonical_gpu
 # A Kubernetes quantity of bytes such as 16Gi or 512Mi (the forms a size limit is written in).
 _BYTES_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A Secret's name: a DNS subdomain (lower-case labels joined by dots, at most 253 characters).
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]
 
 
 def _default_gpu_products() -> dict[str, tuple[str, ...]]:
@@ -34,6 +37,30 @@ class Toleration(StrictModel):
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
         default="", description="Taint effect tolerated; empty: all."
     )
+
+
+class KvNetwork(StrictModel):
+    """RDMA for NIXL's KV transfer between nodes. Off by default: TCP works on any cluster
+    (slower between nodes); RDMA needs the RDMA device plugin and a namespace whose Pod
+    Security level admits IPC_LOCK (privileged; baseline does not)."""
+
+    rdma: bool = Field(default=False, description="Ask for an RDMA device and let UCX use it (rc).")
+    resource: str = Field(
+        default="rdma/ib", min_length=1,
+        description="Extended resource of the RDMA device plugin (e.g. rdma/ib, rdma/rdma_shared_device_a).",
+    )
+    count: int = Field(default=1, ge=1, le=16, description="RDMA devices per P/D pod.")
+    ucx_net_devices: str | None = Field(
+        default=None, description="UCX_NET_DEVICES (e.g. mlx5_0:1); default: UCX picks.",
+    )
+    network_annotation: str | None = Field(
+        default=None,
+        description="Multus secondary network (k8s.v1.cni.cncf.io/networks) of P/D pods, e.g. an SR-IOV network.",
+    )
+
+    @property
+    def transport(self) -> str:
+        return "rdma" if self.rdma else "tcp"
 
 
 class KubernetesSettings(StrictModel):
@@ -57,6 +84,12 @@ class KubernetesSettings(StrictModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy of every container."
     )
+    image_pull_secrets: tuple[SecretName, ...] = Field(
+        default=(),
+        description="Names of Secrets (type kubernetes.io/dockerconfigjson) that every pod of an "
+        "arm pulls its images with (a private registry or mirror). They must exist in the arm's "
+        "namespace: name one that holds them (kubernetes.namespace, or the chart's namespace).",
+    )
     gpu_product_label: str = Field(
         default="nvidia.com/gpu.product",
         description="Node label that names the GPU product (NVIDIA GPU Feature Discovery).",
@@ -67,9 +100,20 @@ class KubernetesSettings(StrictModel):
         "(a set: H200 shows as NVIDIA-H200 or NVIDIA-H200-141GB-HBM3e).",
     )
     model_cache_pvc: str | None = Field(
-        default="model-cache",
-        description="PersistentVolumeClaim holding downloaded weights (mounted at /models as "
-        "HF_HOME); none: an emptyDir, weights fetched at every start.",
+        default=None,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="Weights from an existing PersistentVolumeClaim (mounted at /models as "
+        "HF_HOME; the first pod downloads, later ones reuse). Needs kubernetes.namespace: a claim "
+        "lives in a namespace, and the default one is created per experiment. Default (neither "
+        "this nor model_cache_host_path): download into an emptyDir at every start.",
+    )
+    model_cache_host_path: str | None = Field(
+        default=None,
+        pattern=r"^/",
+        description="Weights from a folder on each GPU node (a hostPath volume, e.g. a node-local "
+        "NVMe cache). Needs a namespace whose Pod Security level is privileged: baseline forbids "
+        "hostPath.",
     )
     hf_token_secret: str | None = Field(
         default=None,
@@ -90,15 +134,22 @@ class KubernetesSettings(StrictModel):
     startup_timeout_s: int = Field(
         default=1800,
         ge=60,
-        description="How long a vLLM pod may take to load weights before the startup probe "
-        "restarts it (sets the probe's failure threshold).",
+        le=7 * 24 * 3600,
+        description="Start-up budget of an arm: how long its pods may take to be scheduled, pull "
+        "images, load weights, compile and answer a test completion (a cold 8B start on H200 "
+        "takes 5-15 minutes). The orchestrator waits this long before it gives an attempt up, "
+        "and it sets the startup probe's failure threshold.",
     )
     termination_grace_s: int = Field(
         default=60, ge=0, description="Graceful termination period of vLLM pods, s."
     )
     ucx_tls: str = Field(
         default="cuda_ipc,cuda_copy,tcp",
-        description="UCX_TLS of NIXL KV transfer (add rc for RDMA between nodes).",
+        description="UCX_TLS of NIXL KV transfer without RDMA (kv_network.rdma adds rc).",
+    )
+    kv_network: KvNetwork = Field(
+        default_factory=lambda: KvNetwork(),
+        description="The network NIXL moves KV over between prefill and decode pods.",
     )
     access: Literal["auto", "service", "port-forward"] = Field(
         default="auto",
@@ -123,6 +174,14 @@ class KubernetesSettings(StrictModel):
             for name in ("shm_size", "memory_per_gpu")
             if not _BYTES_QUANTITY.match(getattr(self, name))
         ]
+        if self.model_cache_pvc and self.model_cache_host_path:
+            problems.append(("model_cache_host_path", "give the weights one source: model_cache_pvc or "
+                             "model_cache_host_path, not both"))
+        if self.model_cache_pvc and self.namespace is None:
+            problems.append(("model_cache_pvc", f"the claim {self.model_cache_pvc!r} must exist in the arms' "
+                             "namespace, but none is set (the default namespace is created per experiment, "
+                             "empty): set kubernetes.namespace to the namespace that holds the claim, or "
+                             "drop model_cache_pvc to download the weights into an emptyDir"))
         if problems:
             raise CrossFieldError(problems)
         return self

@@ -43,6 +43,7 @@ class Resource:
 RESOURCES: dict[str, Resource] = {
     "Namespace": Resource("/api/v1", "namespaces", False),
     "Node": Resource("/api/v1", "nodes", False),
+    "PersistentVolumeClaim": Resource("/api/v1", "persistentvolumeclaims", True),
     "ConfigMap": Resource("/api/v1", "configmaps", True),
     "ServiceAccount": Resource("/api/v1", "serviceaccounts", True),
     "Service": Resource("/api/v1", "services", True),

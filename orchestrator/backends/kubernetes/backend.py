@@ -8,23 +8,38 @@ attempt by label, so neither depends on the garbage collector.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+import httpx
 
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.api import KubeApi, in_cluster, load_api_client
-from orchestrator.backends.kubernetes.diagnose import no_matching_node, pod_state, warning_events
+from orchestrator.backends.kubernetes.diagnose import (
+    PodState,
+    failed_create_events,
+    no_matching_node,
+    pod_state,
+    progress_line,
+    replica_failure,
+    unschedulable_fix,
+    warning_events,
+)
 from orchestrator.backends.kubernetes.render import (
     HTTP_PORT,
     ROUTER_METRICS_PORT,
+    kv_transport,
     owner_reference,
     render_arm,
+    weights_source,
 )
 from orchestrator.backends.readiness import wait_until_serving
-from orchestrator.errors import PermanentError, TransientError
+from orchestrator.errors import OrchestratorError, PermanentError, TransientError
 from orchestrator.plan import Plan, plan_hash
 
 # GPU Feature Discovery labels read for the environment fingerprint.
@@ -51,6 +66,7 @@ class KubernetesBackend:
         endpoint_url: str | None = None,
         poll_s: float = 2.0,
         probe: Callable[[Endpoint, float], None] | None = None,
+        log: Callable[[str], None] = print,
     ):
         """``namespace`` overrides the plan's (the chart sets ORCH_K8S_NAMESPACE to its own);
         ``endpoint_url`` reaches the router at a fixed URL (an ingress, or a port-forward run
@@ -60,6 +76,7 @@ class KubernetesBackend:
         self.endpoint_url = endpoint_url or os.environ.get("ORCH_K8S_ENDPOINT") or None
         self.poll_s = poll_s
         self.probe = probe or probe_completion
+        self.log = log
         self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
         self._forwards: dict[str, Any] = {}  # run name -> PortForward
 
@@ -69,7 +86,8 @@ class KubernetesBackend:
         cluster from the in-cluster service account or KUBECONFIG, ORCH_K8S_NAMESPACE and
         ORCH_K8S_ENDPOINT from the environment. Fails here, not at the first deploy, when no
         cluster is configured."""
-        return cls(api=KubeApi(load_api_client()))
+        poll = float(os.environ.get("ORCH_K8S_POLL_S") or 2.0)
+        return cls(api=KubeApi(load_api_client()), poll_s=poll, log=log)
 
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         """The plan's start-up budget (image pull, weights, compile, CUDA graphs)."""
@@ -84,6 +102,9 @@ class KubernetesBackend:
     # -- deploy ---------------------------------------------------------------------------
 
     def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
+        """Apply the arm's objects (server-side apply). What waiting cannot fix is refused
+        before anything is applied (a missing weights claim); a deploy that fails half-way
+        deletes what it applied, so a retry never competes with its own leftovers for GPUs."""
         objs = render_arm(plan, arm, key, namespace=self.namespace)
         if objs[0]["kind"] == "Namespace":
             ns_obj = objs.pop(0)
@@ -92,31 +113,58 @@ class KubernetesBackend:
         owner, rest = objs[0], objs[1:]
         ns = owner["metadata"]["namespace"]
         self._namespaces.setdefault(key.experiment, set()).add(ns)
+        self._check_weights(plan, ns)
         owner["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: plan_hash(plan)}
-        applied = self.api.apply(owner)
-        refs = [owner_reference(applied)] if (applied.get("metadata") or {}).get("uid") else []
-        for obj in rest:
-            if refs:
-                obj["metadata"]["ownerReferences"] = refs
-            self.api.apply(obj)
+        applied: list[tuple[str, str]] = []
+        try:
+            done = self.api.apply(owner)
+            applied.append(("ConfigMap", owner["metadata"]["name"]))
+            refs = [owner_reference(done)] if (done.get("metadata") or {}).get("uid") else []
+            for obj in rest:
+                if refs:
+                    obj["metadata"]["ownerReferences"] = refs
+                self.api.apply(obj)
+                applied.append((obj["kind"], obj["metadata"]["name"]))
+        except BaseException:
+            self._delete_all(ns, applied)
+            raise
         arm_spec = plan.arm(arm)
-        router_svc = naming.object_name(key, "router")
-        url = self.endpoint_url or (f"http://{router_svc}.{ns}.svc:{HTTP_PORT}" if self._use_service(plan) else "")
         return Deployment(
             key=key,
-            endpoint=Endpoint(url=url, model=plan.model.name),
+            endpoint=Endpoint(url=self.endpoint_url or "", model=plan.model.name),
             fingerprint=Fingerprint(backend=self.name, engine_version=arm_spec.engine.version,
-                                    gpu_type=arm_spec.gpu, namespace=ns),
+                                    gpu_type=arm_spec.gpu, namespace=ns,
+                                    kv_transport=kv_transport(plan, arm_spec),
+                                    details={"weights": weights_source(plan)}),
             handles={
                 "namespace": ns,
                 "run": naming.run_name(key),
                 "run_selector": f"{naming.RUN_LABEL}={naming.run_labels(key)[naming.RUN_LABEL]}",
                 "objects": [(o["kind"], o["metadata"]["name"]) for o in objs],
+                "deployments": [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"],
+                "router_service": naming.object_name(key, "router"),
+                "use_service": self.endpoint_url is None and self._use_service(plan),
                 "expected_pods": sum(p.replicas for p in arm_spec.pools().values()) + 1,
                 "gpu_label": plan.kubernetes.gpu_product_label,
-                "gpu_values": list(plan.kubernetes.product_labels(arm_spec.gpu)),
+                "gpu_values": list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
             },
         )
+
+    def _check_weights(self, plan: Plan, ns: str) -> None:
+        claim = plan.kubernetes.model_cache_pvc
+        if claim and self.api.get("PersistentVolumeClaim", claim, ns) is None:
+            raise PermanentError(
+                f"kubernetes.model_cache_pvc: the PersistentVolumeClaim {claim!r} does not exist in namespace "
+                f"{ns!r}, so every vLLM pod would stay Pending: create it there (kubectl -n {ns} apply -f "
+                "<claim>.yaml), or drop model_cache_pvc to download the weights into an emptyDir"
+            )
+
+    def _delete_all(self, ns: str, objects: list[tuple[str, str]]) -> None:
+        for kind, name in reversed(objects):
+            try:
+                self.api.delete(kind, name, ns)
+            except OrchestratorError as e:  # the original failure is the one to report
+                self.log(f"could not delete {kind} {ns}/{name} after a failed deploy: {e}")
 
     def _use_service(self, plan: Plan) -> bool:
         access = plan.kubernetes.access
@@ -125,34 +173,59 @@ class KubernetesBackend:
     # -- ready ----------------------------------------------------------------------------
 
     def ready(self, deployment: Deployment, deadline_s: float) -> None:
-        """Wait for every pod to be Ready, then for the router to serve a test completion.
+        """Wait for every pod to be Ready, then for the router to serve the readiness check.
 
-        Raises PermanentError at once for what waiting cannot fix (crash loop, image pull
-        failure, no node with the GPU type) and TransientError at the deadline, naming each
-        pod's phase, why the pending ones wait (e.g. Insufficient nvidia.com/gpu) and recent
-        warning events."""
+        Progress (scheduled / pulling / starting / ready) is logged as it changes. Raises
+        PermanentError at once for what waiting cannot fix, with the fix: a crash loop, the
+        cluster refusing to create pods (Pod Security, quota: the admission message), no node
+        with the GPU type, an untolerated taint, a missing claim. Waits through image pull
+        back-off and busy GPUs; TransientError at the deadline naming each pod's state."""
         h = deployment.handles
+        key = deployment.key
         deadline = time.monotonic() + deadline_s
+        shown = ""
         while True:
             pods = self.api.list("Pod", h["namespace"], labels=h["run_selector"])
             states = [pod_state(p) for p in pods]
-            for s in states:
-                if s.fatal_reason:
-                    raise PermanentError(f"{s.line()}; see `kubectl -n {h['namespace']} logs {s.name}`")
-            for s in states:
-                if no_matching_node(s) and not self._gpu_nodes_exist(h):
-                    raise PermanentError(
-                        f"{s.line()}; no node has {h['gpu_label']} in {h['gpu_values']}: "
-                        "check the GPU type, or set kubernetes.gpu_products to this cluster's values"
-                    )
+            self._fail_fast(deployment, states)
+            line = progress_line(states, h["expected_pods"])
+            if line != shown:
+                self.log(f"arm {key.arm} block {key.block}: {line}")
+                shown = line
             if len(states) >= h["expected_pods"] and all(s.ready for s in states):
                 break
             if time.monotonic() >= deadline:
-                raise TransientError(self._not_ready_message(deployment, states, deadline_s))
+                raise TransientError(self._not_ready_message(deployment, states, deadline_s), delay=30.0)
             time.sleep(self.poll_s)
         self._record_fingerprint(deployment, pods)
         self._ensure_endpoint(deployment, pods)
         self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
+
+    def _fail_fast(self, deployment: Deployment, states: list[PodState]) -> None:
+        h = deployment.handles
+        ns = h["namespace"]
+        for s in states:
+            if s.fatal_reason:
+                raise PermanentError(f"{s.line()}; see `kubectl -n {ns} logs {s.name}`")
+            fix = unschedulable_fix(s)
+            if fix:
+                raise PermanentError(f"{s.line()}; {fix}")
+            if no_matching_node(s) and not self._gpu_nodes_exist(h):
+                raise PermanentError(
+                    f"{s.line()}; no node has {h['gpu_label']} in {h['gpu_values']}: "
+                    "check the GPU type, or set kubernetes.gpu_products to this cluster's values"
+                )
+        if len(states) < h["expected_pods"]:
+            refused = [f"{name}: {msg}" for name in h["deployments"]
+                       if (msg := replica_failure(self.api.get("Deployment", name, ns) or {}))]
+            if not refused:
+                refused = failed_create_events(self.api.list("Event", ns), tuple(h["deployments"]))
+            if refused:
+                raise PermanentError(
+                    f"the cluster refused to create the pods of {h['run']}: {refused[0]} (an admission "
+                    f"policy: Pod Security level or a ResourceQuota of namespace {ns}; run in a namespace "
+                    "that admits them or raise the quota)"
+                )
 
     def alive(self, deployment: Deployment) -> bool:
         """Every pod of the run is still Ready and none restarted since it became ready."""
@@ -197,27 +270,60 @@ class KubernetesBackend:
             pools.update(f"{k}={labels[k]}" for k in NODE_POOL_LABELS if k in labels)
         deployment.handles["restarts_at_ready"] = sum(
             int(cs.get("restartCount", 0)) for p in pods for cs in (p.get("status") or {}).get("containerStatuses") or [])
-        deployment.fingerprint = deployment.fingerprint.observed(
-            nodes=nodes, images=set(images.values()), gpu_products=products, driver_versions=drivers,
-            node_pools=pools,
-        )
+        observed: dict[str, Any] = dict(nodes=nodes, images=set(images.values()), gpu_products=products,
+                                        driver_versions=drivers, node_pools=pools)
+        version = self._served_version(deployment, pods)
+        if version:
+            observed.update(engine_version=version, engine_version_source="/version")
+        deployment.fingerprint = deployment.fingerprint.observed(**observed)
+
+    def _served_version(self, deployment: Deployment, pods: list[dict[str, Any]]) -> str | None:
+        """vLLM's own ``GET /version`` of a worker, through the API server's pod proxy."""
+        versions = set()
+        for pod in pods:
+            st = pod_state(pod)
+            if st.role == "router":
+                continue
+            try:
+                text = self.api.proxy_get(deployment.handles["namespace"], st.name, HTTP_PORT, "/version")
+                v = json.loads(text).get("version")
+            except (OrchestratorError, ValueError, AttributeError):
+                continue
+            if isinstance(v, str) and v:
+                versions.add(v)
+        return ",".join(sorted(versions)) or None
 
     def _ensure_endpoint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
+        """Where the load goes: the router Service's cluster IP from inside the cluster, the
+        fixed URL (an ingress) if given, else a port-forward of our own. From outside, the
+        path's own round trip is measured before any point (the access_path guard reads it)."""
+        h = deployment.handles
         ep = deployment.endpoint
         workers = [p for p in pods if pod_state(p).role != "router"]
         metrics = tuple(
             f"http://{(p.get('status') or {}).get('podIP')}:{HTTP_PORT}/metrics" for p in workers
         )
-        url = ep.url
-        if not url:  # outside the cluster with no fixed URL: forward a local port to the router
+        url, mode = ep.url, "endpoint"
+        if h.get("use_service"):
+            svc = self.api.get("Service", h["router_service"], h["namespace"]) or {}
+            ip = (svc.get("spec") or {}).get("clusterIP")
+            if not ip or ip == "None":
+                raise TransientError(f"Service {h['namespace']}/{h['router_service']} has no cluster IP yet",
+                                     delay=5.0)
+            url, mode = f"http://{ip}:{HTTP_PORT}", "service"
+        elif not url:  # outside the cluster with no fixed URL: forward a local port to the router
             from orchestrator.backends.kubernetes.portforward import PortForward
 
             router = next(p for p in pods if pod_state(p).role == "router")
-            pf = PortForward(self.api.api_client, deployment.handles["namespace"],
-                             router["metadata"]["name"], HTTP_PORT)
-            self._forwards[deployment.handles["run"]] = pf
-            url = pf.url
+            pf = PortForward(self.api.api_client, h["namespace"], router["metadata"]["name"], HTTP_PORT)
+            self._forwards[h["run"]] = pf
+            url, mode = pf.url, "port-forward"
         deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics)
+        path: dict[str, Any] = {"mode": mode, "url": url}
+        if mode != "service":
+            path.update(measure_path(url))
+        deployment.fingerprint = replace(deployment.fingerprint,
+                                         details={**deployment.fingerprint.details, "access_path": path})
 
     # -- scrape ---------------------------------------------------------------------------
 
@@ -248,7 +354,9 @@ class KubernetesBackend:
                 self.api.delete(kind, name, h["namespace"])
 
     def cleanup(self, experiment: str, final: bool = False) -> int:
-        """Delete every object labelled with ``experiment`` in the namespaces it may use."""
+        """Delete every object labelled with ``experiment`` in the namespaces it may use;
+        ``final``: also the namespace the backend created for the experiment (not earlier: a
+        namespace being deleted refuses new objects for a while)."""
         namespaces = set(self._namespaces.get(experiment, set()))
         namespaces.add(self.namespace or naming.experiment_namespace(experiment))
         selector = f"{naming.EXPERIMENT_LABEL}={naming.label_value(experiment.lower())}"
@@ -257,7 +365,31 @@ class KubernetesBackend:
             for kind in RUN_KINDS:
                 for obj in self.api.list(kind, ns, labels=selector):
                     removed += self.api.delete(kind, obj["metadata"]["name"], ns)
+        if final:
+            ours = f"{selector},{naming.selector(naming.MANAGED_BY)}"
+            for obj in self.api.list("Namespace", labels=ours):
+                removed += self.api.delete("Namespace", obj["metadata"]["name"])
+            self._namespaces.pop(experiment, None)
         return removed
+
+
+def measure_path(url: str, samples: int = 30) -> dict[str, Any]:
+    """Round trips of ``GET /health`` through the load's path to the router (p50/p99, ms): what
+    a port-forward or ingress adds to every TTFT, measured before the points."""
+    rtts = []
+    with httpx.Client(timeout=10.0) as http:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            try:
+                http.get(f"{url}/health")
+            except httpx.HTTPError:
+                continue
+            rtts.append((time.perf_counter() - t0) * 1000)
+    if not rtts:
+        return {"rtt_p50_ms": None, "rtt_p99_ms": None, "samples": 0}
+    rtts.sort()
+    return {"rtt_p50_ms": round(rtts[len(rtts) // 2], 3),
+            "rtt_p99_ms": round(rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))], 3), "samples": len(rtts)}
 
 
 def probe_completion(endpoint: Endpoint, deadline_s: float) -> None:

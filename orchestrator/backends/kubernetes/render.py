@@ -64,9 +64,9 @@ def base(file: str, kind: str) -> Obj:
         ) from None
 
 
-def namespace_of(plan: Plan) -> str:
+def namespace_of(plan: Plan, experiment: str | None = None) -> str:
     """The namespace an arm's objects go to: the plan's, else one per experiment."""
-    return plan.kubernetes.namespace or naming.experiment_namespace(plan.name)
+    return plan.kubernetes.namespace or naming.experiment_namespace(experiment or plan.name)
 
 
 def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = None) -> list[Obj]:
@@ -75,14 +75,14 @@ def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = N
     arm = plan.arm(arm_name)
     if arm.external:
         raise UserError(f"arms.{arm_name} is an external endpoint: it runs elsewhere, nothing to render")
-    ns = namespace or namespace_of(plan)
+    ns = namespace or namespace_of(plan, key.experiment)
     labels = naming.run_labels(key)
     objs: list[Obj] = []
     if namespace is None and plan.kubernetes.namespace is None:
         ns_obj = base("namespace", "Namespace")
         ns_obj["metadata"]["name"] = ns
         ns_obj["metadata"]["labels"] = {
-            **ns_obj["metadata"]["labels"], naming.EXPERIMENT_LABEL: naming.label_value(plan.name),
+            **ns_obj["metadata"]["labels"], naming.EXPERIMENT_LABEL: labels[naming.EXPERIMENT_LABEL],
         }
         objs.append(ns_obj)
     objs.append(_owner(plan, arm_name, key, ns, labels))
@@ -181,6 +181,12 @@ def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
     }
 
 
+def _pull_secrets(pod_spec: Obj, names: tuple[str, ...]) -> None:
+    """The plan's image pull secrets on a pod (the securityContext is the base's, manifests/)."""
+    if names:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in names]
+
+
 def _quantity_times(quantity: str, n: int) -> str:
     digits = quantity.rstrip("KMGTik")
     unit = quantity[len(digits):]
@@ -202,11 +208,12 @@ def _pool_deployment(
     tpl["metadata"]["labels"] = pod_labels
     spec = tpl["spec"]
     spec["terminationGracePeriodSeconds"] = k.termination_grace_s
+    _pull_secrets(spec, k.image_pull_secrets)
     spec["affinity"] = _gpu_affinity(plan, arm)
     if k.node_selector:
         spec["nodeSelector"] = dict(sorted(k.node_selector.items()))
     if k.tolerations:
-        spec["tolerations"] = [t.model_dump(exclude_defaults=True) or {"operator": "Exists"} for t in k.tolerations]
+        spec["tolerations"] = [toleration(t) for t in k.tolerations]
     c = spec["containers"][0]
     c["image"] = f"{k.image_repository}:{arm.engine.version}"
     c["imagePullPolicy"] = k.image_pull_policy
@@ -226,22 +233,83 @@ def _pool_deployment(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": k.hf_token_secret, "key": "token"}}}
         )
     if _uses_nixl(arm):
-        # NIXL's side channel: decode pulls KV from prefill over UCX; each pod advertises its IP.
-        c["env"] += [
-            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_PORT)},
-            {"name": "UCX_TLS", "value": k.ucx_tls},
-        ]
-        c["ports"].append({"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"})
+        _nixl(tpl, c, plan)
     for vol in spec["volumes"]:
         if vol["name"] == "dshm":
             vol["emptyDir"]["sizeLimit"] = k.shm_size
-        elif vol["name"] == "model-cache" and k.model_cache_pvc is None:
-            vol.pop("persistentVolumeClaim")
-            vol["emptyDir"] = {}
         elif vol["name"] == "model-cache":
-            vol["persistentVolumeClaim"]["claimName"] = k.model_cache_pvc
+            _weights_volume(vol, plan)
     return obj
+
+
+def toleration(t: Any) -> Obj:
+    """A Toleration as Kubernetes reads it. ``operator`` is always written: left out it means
+    Equal, and ``{key: dedicated}`` with Equal "" tolerates no ``dedicated=h200`` taint."""
+    out: Obj = {"operator": t.operator}
+    if t.key:
+        out["key"] = t.key
+    if t.operator == "Equal":
+        out["value"] = t.value
+    if t.effect:
+        out["effect"] = t.effect
+    return out
+
+
+def weights_source(plan: Plan) -> str:
+    """Where the weights come from, in words (for messages and the report)."""
+    k = plan.kubernetes
+    if k.model_cache_pvc:
+        return f"PersistentVolumeClaim {k.model_cache_pvc}"
+    if k.model_cache_host_path:
+        return f"hostPath {k.model_cache_host_path}"
+    return "download into an emptyDir" + (f" (HF token from Secret {k.hf_token_secret})" if k.hf_token_secret else "")
+
+
+def _weights_volume(vol: Obj, plan: Plan) -> None:
+    k = plan.kubernetes
+    for source in ("persistentVolumeClaim", "emptyDir", "hostPath"):
+        vol.pop(source, None)
+    if k.model_cache_pvc:
+        vol["persistentVolumeClaim"] = {"claimName": k.model_cache_pvc}
+    elif k.model_cache_host_path:
+        vol["hostPath"] = {"path": k.model_cache_host_path, "type": "DirectoryOrCreate"}
+    else:
+        vol["emptyDir"] = {}
+
+
+def kv_transport(plan: Plan, arm: Arm) -> str | None:
+    """How the arm's KV moves between prefill and decode: e.g. ``nixl/tcp``, ``nixl/rdma``."""
+    if arm.layout != "disaggregated" or not arm.kv_connector:
+        return None
+    if arm.kv_connector == "nixl":
+        return f"nixl/{plan.kubernetes.kv_network.transport}"
+    return arm.kv_connector
+
+
+def _nixl(tpl: Obj, c: Obj, plan: Plan) -> None:
+    """NIXL's side channel (decode pulls KV from prefill over UCX; each pod advertises its IP)
+    and, if asked, RDMA: the device resource, IPC_LOCK for pinned memory, UCX's rc transport,
+    the device names and a secondary network."""
+    k = plan.kubernetes
+    net = k.kv_network
+    tls = k.ucx_tls if not net.rdma else ",".join(dict.fromkeys(["rc", *k.ucx_tls.split(",")]))
+    c["env"] += [
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_PORT)},
+        {"name": "UCX_TLS", "value": tls},
+    ]
+    c["ports"].append({"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"})
+    if not net.rdma:
+        return
+    if net.ucx_net_devices:
+        c["env"].append({"name": "UCX_NET_DEVICES", "value": net.ucx_net_devices})
+    for part in ("requests", "limits"):
+        c["resources"][part][net.resource] = str(net.count)
+    sc = c.setdefault("securityContext", {})
+    caps = sc.setdefault("capabilities", {})
+    caps["add"] = sorted({*caps.get("add", []), "IPC_LOCK"})
+    if net.network_annotation:
+        tpl["metadata"].setdefault("annotations", {})["k8s.v1.cni.cncf.io/networks"] = net.network_annotation
 
 
 def router_args(plan: Plan, arm_name: str, ns: str, labels: dict[str, str]) -> list[str]:
@@ -288,6 +356,7 @@ def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: 
     tpl = obj["spec"]["template"]
     tpl["metadata"]["labels"] = {**tpl["metadata"]["labels"], **labels, naming.ROLE_LABEL: "router"}
     tpl["spec"]["serviceAccountName"] = name
+    _pull_secrets(tpl["spec"], k.image_pull_secrets)
     c = tpl["spec"]["containers"][0]
     c["image"] = k.router_image
     c["imagePullPolicy"] = k.image_pull_policy
