@@ -1,0 +1,582 @@
+"""The API server of the emulated cluster: kmock (HTTP, request log, error rendering) with an
+object store that behaves like a real API server where the backend and vllm-router look.
+
+What it does as a real server does:
+- create (POST), server-side apply (PATCH application/apply-patch+yaml: creates when absent,
+  keeps server-owned fields and ``status``), merge / strategic-merge / JSON patch, replace (PUT,
+  with resourceVersion conflicts), the ``status`` subresource;
+- GET one (404 with the real message, e.g. ``persistentvolumeclaims "x" not found``), LIST with
+  label selectors (``=``, ``!=``, ``in``, ``notin``, exists) and field selectors, and WATCH
+  (``?watch=true``) from a resourceVersion, with label-selector transitions (an object that
+  stops matching is sent as DELETED), ``timeoutSeconds``, 410 Expired for a too-old version;
+- uids, resourceVersions, generation, creationTimestamp; namespaced objects need their
+  namespace (404 when missing, 403 while it terminates);
+- DELETE: pods and namespaces terminate gracefully (deletionTimestamp, then the kubelet or the
+  namespace controller finishes); ``propagationPolicy`` Background (the garbage collector in
+  the controller deletes dependents whose owners are all gone), Foreground and Orphan;
+- the pod proxy ``/api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH`` (and the Service proxy)
+  forwards for real to the pod's IP; ``pods/NAME/log`` reads the container's log;
+- injected faults: N-shot HTTP statuses (403, 409, 429, 500, ...) with real-looking Status bodies.
+
+Approximations: server-side apply has no managedFields (the applier owns what it sends; labels
+are replaced, annotations merged); strategic merge patch is a JSON merge patch; no admission
+(RBAC, quotas, Pod Security) unless injected through the cluster; no Endpoints objects.
+Everything runs on the server's event loop; other threads go through ``EmulatedCluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+
+from tests.support.kcluster.objects import (
+    GENERATION_KINDS,
+    KIND_TO_PLURAL,
+    RESOURCES,
+    ApiError,
+    Fault,
+    Key,
+    Obj,
+    Res,
+    Route,
+    body_of,
+    conflict,
+    fault_error,
+    first_container_port,
+    merge_patch,
+    named_port,
+    not_found,
+    now,
+    parse_route,
+    watch_event,
+)
+from tests.support.kcluster.selectors import parse_field_selector, parse_label_selector
+
+
+@dataclass
+class Watcher:
+    queue: asyncio.Queue[Obj | None]
+    plural: str
+    namespace: str | None
+    accept: Callable[[Obj], bool]
+
+
+@dataclass
+class Store:
+    """Objects by (plural, namespace, name), a resourceVersion counter and the event log."""
+
+    objects: dict[Key, Obj] = field(default_factory=dict)
+    rv: int = 0
+    log: collections.deque[tuple[int, str, str, Obj, Obj | None]] = field(
+        default_factory=lambda: collections.deque(maxlen=20000))
+    watchers: list[Watcher] = field(default_factory=list)
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock with a real API server's object semantics (module docstring)."""
+
+    store: Store = attrs.field(factory=Store)
+    faults: list[Fault] = attrs.field(factory=list)
+    enforce_namespaces: bool = True
+    # Hooks the cluster sets: a Service's clusterIP on creation, a container's log, a wake-up.
+    allocate_cluster_ip: Callable[[Obj], str | None] = lambda svc: None
+    read_log: Callable[[str, str, str | None, bool], str | None] = lambda ns, pod, c, prev: None
+    on_change: Callable[[], None] = lambda: None
+    _http: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
+
+    # -- the store, for the controllers (same event loop) ----------------------------------------
+
+    def obj_get(self, plural: str, namespace: str | None, name: str) -> Obj | None:
+        return self.store.objects.get((plural, namespace if RESOURCES[plural].namespaced else None, name))
+
+    def obj_list(self, plural: str, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
+        pred = parse_label_selector(labels or "")
+        return [o for (p, ns, _), o in sorted(self.store.objects.items(), key=lambda kv: kv[0][1:3].__repr__())
+                if p == plural and (namespace is None or ns == namespace)
+                and pred((o.get("metadata") or {}).get("labels") or {})]
+
+    def obj_create(self, obj: Obj, plural: str | None = None) -> Obj:
+        """Create ``obj`` with server defaults (uid, resourceVersion, ...); ApiError if it exists."""
+        plural = plural or KIND_TO_PLURAL[obj["kind"]]
+        res = RESOURCES[plural]
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        ns = meta.get("namespace") if res.namespaced else None
+        if res.namespaced and not ns:
+            ns = meta["namespace"] = "default"
+        key = (plural, ns, meta["name"])
+        if key in self.store.objects:
+            raise ApiError(409, "AlreadyExists", f'{res.qualified} "{meta["name"]}" already exists',
+                           {"name": meta["name"], "kind": plural})
+        self._check_namespace(res, ns)
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now())
+        if plural in GENERATION_KINDS:
+            meta["generation"] = 1
+        self._defaults(plural, obj)
+        self._commit(key, obj, "ADDED")
+        return obj
+
+    def obj_put(self, obj: Obj, plural: str | None = None) -> Obj:
+        """Store ``obj`` as it is (controllers' writes: status and the like)."""
+        plural = plural or KIND_TO_PLURAL[obj["kind"]]
+        meta = obj["metadata"]
+        key = (plural, meta.get("namespace") if RESOURCES[plural].namespaced else None, meta["name"])
+        if key not in self.store.objects:
+            return self.obj_create(obj, plural)
+        self._commit(key, obj, "MODIFIED")
+        return obj
+
+    def obj_remove(self, plural: str, namespace: str | None, name: str) -> Obj | None:
+        """Take the object out of the store now (the end of a deletion)."""
+        key = (plural, namespace if RESOURCES[plural].namespaced else None, name)
+        old = self.store.objects.get(key)
+        if old is not None:
+            self._commit(key, None, "DELETED")
+        return old
+
+    def obj_delete(self, plural: str, namespace: str | None, name: str, policy: str | None = None,
+               grace_s: int | None = None) -> Obj:
+        """A DELETE as the API server takes it (graceful for pods and namespaces)."""
+        res = RESOURCES[plural]
+        obj = self.obj_get(plural, namespace, name)
+        if obj is None:
+            raise not_found(res, name)
+        meta = obj["metadata"]
+        policy = policy or "Background"
+        if meta.get("deletionTimestamp"):
+            return obj
+        if policy == "Orphan":
+            uid = meta.get("uid")
+            for key, dep in list(self.store.objects.items()):
+                refs = (dep.get("metadata") or {}).get("ownerReferences") or []
+                if any(r.get("uid") == uid for r in refs):
+                    dep = copy.deepcopy(dep)
+                    dep["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
+                    self._commit(key, dep, "MODIFIED")
+        graceful = (
+            (plural == "pods" and (obj.get("spec") or {}).get("nodeName"))
+            or plural == "namespaces" or meta.get("finalizers") or policy == "Foreground"
+        )
+        if not graceful:
+            self.obj_remove(plural, namespace, name)
+            return obj
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        meta["deletionTimestamp"] = now()
+        if plural == "pods":
+            spec_grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            meta["deletionGracePeriodSeconds"] = spec_grace if grace_s is None else grace_s
+        if plural == "namespaces":
+            obj.setdefault("status", {})["phase"] = "Terminating"
+        if policy == "Foreground":
+            meta["finalizers"] = [*(meta.get("finalizers") or []), "foregroundDeletion"]
+        self.obj_put(obj, plural)
+        return obj
+
+    def record_event(self, involved: Obj, reason: str, message: str, type_: str = "Normal",
+                     component: str = "kubelet", host: str | None = None) -> Obj:
+        """An Event about ``involved`` (aggregated: the same reason and message count up)."""
+        meta = involved["metadata"]
+        ns = meta.get("namespace") or "default"
+        for ev in self.obj_list("events", ns):
+            io = ev.get("involvedObject") or {}
+            if io.get("uid") == meta.get("uid") and ev.get("reason") == reason and ev.get("message") == message:
+                ev = copy.deepcopy(ev)
+                ev["count"] = ev.get("count", 1) + 1
+                ev["lastTimestamp"] = now()
+                return self.obj_put(ev, "events")
+        stamp = now()
+        ev = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().int % (1 << 64):x}", "namespace": ns},
+            "involvedObject": {"kind": involved.get("kind"), "namespace": ns, "name": meta["name"],
+                               "uid": meta.get("uid"), "apiVersion": involved.get("apiVersion"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason, "message": message, "type": type_,
+            "source": {"component": component, **({"host": host} if host else {})},
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "reportingComponent": component, "reportingInstance": host or "",
+        }
+        return self.obj_create(ev, "events")
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _check_namespace(self, res: Res, ns: str | None) -> None:
+        if not res.namespaced or not self.enforce_namespaces:
+            return
+        nso = self.store.objects.get(("namespaces", None, ns or ""))
+        if nso is None:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
+        if (nso.get("metadata") or {}).get("deletionTimestamp"):
+            raise ApiError(403, "Forbidden", f"{res.plural} is forbidden: unable to create new content in "
+                           f"namespace {ns} because it is being terminated")
+
+    def _defaults(self, plural: str, obj: Obj) -> None:
+        spec = obj.setdefault("spec", {}) if plural not in ("configmaps", "secrets", "events",
+                                                            "serviceaccounts", "roles", "rolebindings",
+                                                            "clusterroles", "clusterrolebindings",
+                                                            "endpoints") else None
+        if plural == "namespaces":
+            spec.setdefault("finalizers", ["kubernetes"])
+            obj["status"] = {"phase": "Active"}
+            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+        elif plural == "services":
+            spec.setdefault("type", "ClusterIP")
+            spec.setdefault("sessionAffinity", "None")
+            for p in spec.get("ports") or []:
+                p.setdefault("protocol", "TCP")
+                p.setdefault("targetPort", p.get("port"))
+            if spec.get("clusterIP") in (None, ""):
+                ip = self.allocate_cluster_ip(obj)
+                if ip:
+                    spec["clusterIP"] = ip
+            if spec.get("clusterIP"):
+                spec["clusterIPs"] = [spec["clusterIP"]]
+            obj.setdefault("status", {"loadBalancer": {}})
+        elif plural == "deployments":
+            spec.setdefault("replicas", 1)
+            spec.setdefault("strategy", {"type": "RollingUpdate",
+                                         "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}})
+            spec.setdefault("revisionHistoryLimit", 10)
+            spec.setdefault("progressDeadlineSeconds", 600)
+            obj.setdefault("status", {})
+        elif plural == "pods":
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            spec.setdefault("serviceAccountName", "default")
+            spec.setdefault("terminationGracePeriodSeconds", 30)
+            obj.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
+        elif plural == "persistentvolumeclaims":
+            # A dynamic provisioner binds at once (volumeBindingMode Immediate).
+            spec.setdefault("accessModes", ["ReadWriteOnce"])
+            spec.setdefault("volumeName", f"pvc-{obj['metadata']['uid']}")
+            size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "100Gi")
+            obj["status"] = {"phase": "Bound", "accessModes": spec["accessModes"], "capacity": {"storage": size}}
+
+    def _commit(self, key: Key, obj: Obj | None, etype: str) -> None:
+        st = self.store
+        st.rv += 1
+        old = st.objects.get(key)
+        if obj is None:
+            st.objects.pop(key, None)
+            payload = copy.deepcopy(old or {})
+            payload.setdefault("metadata", {})["resourceVersion"] = str(st.rv)
+        else:
+            obj.setdefault("metadata", {})["resourceVersion"] = str(st.rv)
+            st.objects[key] = obj
+            payload = copy.deepcopy(obj)
+        st.log.append((st.rv, key[0], etype, payload, copy.deepcopy(old) if old is not None else None))
+        for w in list(st.watchers):
+            if w.plural != key[0] or (w.namespace is not None and w.namespace != key[1]):
+                continue
+            ev = watch_event(etype, payload, old, w.accept)
+            if ev is not None:
+                w.queue.put_nowait(ev)
+        self.on_change()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        try:
+            self._maybe_fault(request)
+            route = parse_route(request.url.path)
+            if route is None:  # discovery, /version: kmock's scaffold answers
+                return await kmock.KubernetesScaffold._handle(self, request)
+            return await self._serve(request, route)
+        except ApiError as e:
+            return e.response()
+
+    def _maybe_fault(self, request: kmock.Request) -> None:
+        for f in self.faults:
+            if f.times > 0 and f.method in (request.method.value, "*") and f.part in request.url.path:
+                f.times -= 1
+                f.hits += 1
+                self.faults[:] = [x for x in self.faults if x.times > 0]
+                route = parse_route(request.url.path)
+                raise fault_error(f, request, route)
+
+    async def _serve(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
+        method = request.method.value
+        params = dict(request.params or {})
+        res = route.res
+        if route.sub and (route.sub.startswith("proxy") or ":" in (route.name or "")) and res.plural in ("pods", "services"):
+            return await self._proxy(request, route)
+        if route.sub == "log" and res.plural == "pods":
+            return self._log(route, params)
+        if route.name is None:
+            if method == "GET":
+                if params.get("watch") in ("true", "1"):
+                    return await self._watch(request, route, params)
+                return aiohttp.web.json_response(self._list_doc(route, params))
+            if method == "POST":
+                body = body_of(request)
+                if route.namespace and res.namespaced:
+                    body.setdefault("metadata", {}).setdefault("namespace", route.namespace)
+                if not (body.get("metadata") or {}).get("name") and not (body.get("metadata") or {}).get("generateName"):
+                    raise ApiError(422, "Invalid", f"{res.kind} in version \"{res.version}\" cannot be handled "
+                                   "as a " + res.kind + ": name or generateName is required")
+                return aiohttp.web.json_response(self.obj_create(body, res.plural), status=201)
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        obj = self.obj_get(res.plural, route.namespace, route.name)
+        if method == "GET":
+            if params.get("watch") in ("true", "1"):
+                params["fieldSelector"] = f"metadata.name={route.name}"
+                return await self._watch(request, route, params)
+            if obj is None:
+                raise not_found(res, route.name)
+            return aiohttp.web.json_response(obj)
+        if method == "DELETE":
+            body = body_of(request, default={})
+            policy = params.get("propagationPolicy") or body.get("propagationPolicy")
+            grace = params.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
+            out = self.obj_delete(res.plural, route.namespace, route.name, policy,
+                              int(grace) if grace is not None else None)
+            return aiohttp.web.json_response(out)
+        if method == "PATCH":
+            return aiohttp.web.json_response(self._patch(request, route, obj, params), status=200)
+        if method == "PUT":
+            body = body_of(request)
+            if obj is None:
+                raise not_found(res, route.name)
+            rv = (body.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != obj["metadata"]["resourceVersion"]:
+                raise conflict(res, route.name)
+            new = copy.deepcopy(obj)
+            if route.sub == "status":
+                new["status"] = body.get("status") or {}
+            else:
+                new = self._merged(obj, body, replace=True)
+            return aiohttp.web.json_response(self.obj_put(new, res.plural))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _list_doc(self, route: Route, params: dict[str, str]) -> Obj:
+        try:
+            lab = parse_label_selector(params.get("labelSelector") or "")
+            fld = parse_field_selector(params.get("fieldSelector") or "")
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {e}") from e
+        items = [copy.deepcopy(o) for (p, ns, _), o in self.store.objects.items()
+                 if p == route.res.plural and (route.namespace is None or ns == route.namespace)
+                 and lab((o.get("metadata") or {}).get("labels") or {}) and fld(o)]
+        items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
+        return {"apiVersion": route.res.api_version, "kind": f"{route.res.kind}List",
+                "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
+
+    async def _watch(self, request: kmock.Request, route: Route, params: dict[str, str]) -> aiohttp.web.StreamResponse:
+        try:
+            lab = parse_label_selector(params.get("labelSelector") or "")
+            fld = parse_field_selector(params.get("fieldSelector") or "")
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {e}") from e
+
+        def accept(o: Obj) -> bool:
+            return lab((o.get("metadata") or {}).get("labels") or {}) and fld(o)
+
+        queue: asyncio.Queue[Obj | None] = asyncio.Queue()
+        w = Watcher(queue, route.res.plural, route.namespace, accept)
+        rv_param = params.get("resourceVersion") or ""
+        initial: list[Obj] = []
+        if rv_param in ("", "0"):
+            initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
+                       for (p, ns, _), o in self.store.objects.items()
+                       if p == w.plural and (w.namespace is None or ns == w.namespace) and accept(o)]
+        else:
+            try:
+                since = int(rv_param)
+            except ValueError:
+                since = -1
+            oldest = self.store.log[0][0] if self.store.log else self.store.rv + 1
+            if since < oldest - 1 and since < self.store.rv:
+                initial = [{"type": "ERROR", "object": ApiError(
+                    410, "Expired", f"too old resource version: {rv_param} ({oldest - 1})").status()}]
+            else:
+                for rv, plural, etype, obj, old in self.store.log:
+                    if rv <= since or plural != w.plural:
+                        continue
+                    if w.namespace is not None and (obj.get("metadata") or {}).get("namespace") != w.namespace:
+                        continue
+                    ev = watch_event(etype, obj, old, accept)
+                    if ev is not None:
+                        initial.append(ev)
+        self.store.watchers.append(w)
+        raw = request._raw_request
+        resp = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        timeout = float(params.get("timeoutSeconds") or 1800)
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            await resp.prepare(raw)
+            for ev in initial:
+                await resp.write(json.dumps(ev).encode() + b"\n")
+            if initial and initial[-1]["type"] == "ERROR":
+                return resp
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                try:
+                    ev = await asyncio.wait_for(queue.get(), timeout=left)
+                except TimeoutError:
+                    break
+                if ev is None:
+                    break
+                await resp.write(json.dumps(ev).encode() + b"\n")
+            await resp.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionError, RuntimeError):
+            pass
+        finally:
+            if w in self.store.watchers:
+                self.store.watchers.remove(w)
+        return resp
+
+    def close_watches(self) -> None:
+        for w in list(self.store.watchers):
+            w.queue.put_nowait(None)
+
+    def _patch(self, request: kmock.Request, route: Route, obj: Obj | None, params: dict[str, str]) -> Obj:
+        res = route.res
+        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype == "application/apply-patch+yaml":
+            body = body_of(request)
+            meta = body.get("metadata") or {}
+            if not body.get("apiVersion") or not body.get("kind"):
+                raise ApiError(400, "BadRequest", "invalid object type: /, Kind=")
+            if meta.get("name") != route.name:
+                raise ApiError(400, "BadRequest", "the name of the object "
+                               f"({meta.get('name')}) does not match the name on the URL ({route.name})")
+            if route.sub == "status":
+                if obj is None:
+                    raise not_found(res, route.name)
+                new = copy.deepcopy(obj)
+                new["status"] = merge_patch(obj.get("status") or {}, body.get("status") or {})
+                return self.obj_put(new, res.plural)
+            if obj is None:  # server-side apply creates
+                body.setdefault("metadata", {})
+                if res.namespaced:
+                    body["metadata"]["namespace"] = route.namespace
+                body.pop("status", None)
+                return self.obj_create(body, res.plural)
+            return self.obj_put(self._merged(obj, body, replace=True), res.plural)
+        if obj is None:
+            raise not_found(res, route.name)
+        if ctype == "application/json-patch+json":
+            try:
+                patched = jsonpatch.apply_patch(obj, json.loads(request.body or b"[]"))
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, ValueError) as e:
+                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {e}") from e
+        elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+            patched = merge_patch(obj, body_of(request))
+        else:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                           "accepted media types include: application/json-patch+json, application/merge-patch+json, "
+                           "application/apply-patch+yaml, application/strategic-merge-patch+json")
+        if route.sub == "status":
+            new = copy.deepcopy(obj)
+            new["status"] = patched.get("status") or {}
+        else:
+            new = self._merged(obj, patched, replace=True)
+        return self.obj_put(new, res.plural)
+
+    def _merged(self, old: Obj, body: Obj, replace: bool) -> Obj:
+        """``body`` as the new object, keeping what the server owns (uid, status, clusterIP...)."""
+        new = copy.deepcopy(body)
+        new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
+        ometa, nmeta = old.get("metadata") or {}, new.setdefault("metadata", {})
+        for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                  "namespace", "name", "generation"):
+            if k in ometa:
+                nmeta[k] = ometa[k]
+            else:
+                nmeta.pop(k, None)
+        nmeta["annotations"] = {**(ometa.get("annotations") or {}), **(nmeta.get("annotations") or {})}
+        if not nmeta["annotations"]:
+            del nmeta["annotations"]
+        for k in ("labels", "ownerReferences", "finalizers"):
+            if k not in nmeta and k in ometa:
+                nmeta[k] = ometa[k]
+        if "status" in old:
+            new["status"] = old["status"]
+        plural = KIND_TO_PLURAL[old["kind"]]
+        if plural == "services":
+            for k in ("clusterIP", "clusterIPs"):
+                if k in (old.get("spec") or {}) and k not in (new.get("spec") or {}):
+                    new.setdefault("spec", {})[k] = old["spec"][k]
+        if plural in GENERATION_KINDS and new.get("spec") != old.get("spec"):
+            nmeta["generation"] = int(ometa.get("generation", 1)) + 1
+        return new
+
+    def _log(self, route: Route, params: dict[str, str]) -> aiohttp.web.Response:
+        pod = self.obj_get("pods", route.namespace, route.name or "")
+        if pod is None:
+            raise not_found(route.res, route.name or "")
+        text = self.read_log(route.namespace or "", route.name or "", params.get("container"),
+                             params.get("previous") in ("true", "1"))
+        if text is None:
+            raise ApiError(400, "BadRequest", f'container "{params.get("container") or "?"}" in pod '
+                           f'"{route.name}" is waiting to start: ContainerCreating')
+        tail = params.get("tailLines")
+        if tail:
+            text = "".join(text.splitlines(keepends=True)[-int(tail):])
+        return aiohttp.web.Response(text=text, content_type="text/plain")
+
+    async def _proxy(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
+        """``pods/[scheme:]NAME[:PORT]/proxy/PATH`` forwarded to the pod's IP (services: clusterIP)."""
+        parts = (route.name or "").split(":")
+        if len(parts) == 3:
+            _, name, port = parts
+        elif len(parts) == 2:
+            name, port = parts
+        else:
+            name, port = parts[0], ""
+        sub = route.sub or ""
+        path = sub[len("proxy"):] if sub.startswith("proxy") else "/" + sub
+        obj = self.obj_get(route.res.plural, route.namespace, name)
+        if obj is None:
+            raise not_found(route.res, name)
+        if route.res.plural == "pods":
+            ip = (obj.get("status") or {}).get("podIP")
+            if not ip:
+                raise ApiError(503, "ServiceUnavailable", f'pod "{name}" has no IP address yet')
+            port = port or str(first_container_port(obj))
+            port = str(named_port(obj, port))
+        else:
+            ip = (obj.get("spec") or {}).get("clusterIP")
+            if not ip or ip == "None":
+                raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{name}"')
+            port = port or str(((obj.get("spec") or {}).get("ports") or [{}])[0].get("port", 80))
+        url = f"http://{ip}:{port}{path or '/'}"
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        try:
+            async with self._http.request(request.method.value, url, params=dict(request.params or {}),
+                                          data=request.body or None) as r:
+                body = await r.read()
+                headers = {k: v for k, v in r.headers.items() if k.lower() == "content-type"}
+                return aiohttp.web.Response(body=body, status=r.status, headers=headers)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: dial tcp {ip}:{port}: "
+                           f"connect: {getattr(e, 'strerror', None) or 'connection refused'}") from e
+
+    async def aclose(self) -> None:
+        self.close_watches()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+

@@ -1,0 +1,561 @@
+"""``EmulatedCluster``: an API server, scheduler, controllers, kubelet and kube-proxy on
+loopback, in one background thread with its own event loop (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import ipaddress
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kmock
+import pytest
+import yaml
+
+from tests.support.kcluster.apiserver import ApiServer
+from tests.support.kcluster.controllers import Controllers
+from tests.support.kcluster.kubelet import IpPool, Kubelet
+from tests.support.kcluster.objects import KIND_TO_PLURAL, RESOURCES, Fault, now
+from tests.support.kcluster.proxy import KubeProxy
+from tests.support.kcluster.selectors import matches_labels
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+# The NVIDIA GPU operator's taint (no value); GKE's is nvidia.com/gpu=present:NoSchedule.
+GPU_TAINT = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+GKE_GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+PRODUCTS = {  # product label -> (instance type, GPU memory MiB)
+    "NVIDIA-H200": ("p5en.48xlarge", 143771),
+    "NVIDIA-H200-141GB-HBM3e": ("p5en.48xlarge", 143771),
+    "NVIDIA-H100-80GB-HBM3": ("p5.48xlarge", 81559),
+    "NVIDIA-H100-PCIe": ("a3-highgpu-8g", 81559),
+}
+POD_SECURITY = (
+    'pods "{pod}" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != '
+    'false (container "{container}" must set securityContext.allowPrivilegeEscalation=false), unrestricted '
+    'capabilities (container "{container}" must set securityContext.capabilities.drop=["ALL"]), '
+    'runAsNonRoot != true (pod or container "{container}" must set securityContext.runAsNonRoot=true), '
+    'seccompProfile (pod or container "{container}" must set securityContext.seccompProfile.type to '
+    '"RuntimeDefault" or "Localhost")'
+)
+QUOTA = (
+    'pods "{pod}" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu={gpus}, '
+    "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8"
+)
+PRESETS = {"pod-security": POD_SECURITY, "quota": QUOTA}
+
+
+@dataclass
+class NodeSpec:
+    """A node: its name, labels, GPUs, CPU, memory and taints."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    gpus: int = 0
+    cpu: str = "16"
+    memory: str = "64Gi"
+    taints: list[dict[str, str]] = field(default_factory=list)
+    unschedulable: bool = False
+
+
+def gpu_node(name: str, product: str = "NVIDIA-H200", gpus: int = 8, pool: str | None = None,
+             driver: str = "570.133.20", taints: list[dict[str, str]] | None = None,
+             labels: dict[str, str] | None = None) -> NodeSpec:
+    """A GPU node labelled as NVIDIA GPU Feature Discovery and Karpenter label one, with the GPU
+    operator's ``nvidia.com/gpu:NoSchedule`` taint unless ``taints`` is given."""
+    instance, mem = PRODUCTS.get(product, ("gpu-node", 81559))
+    pool = pool or ("h200" if "H200" in product else "h100")
+    return NodeSpec(name=name, gpus=gpus, cpu="192", memory="2000Gi",
+                    taints=[dict(GPU_TAINT)] if taints is None else taints, labels={
+                        "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus),
+                        "nvidia.com/gpu.memory": str(mem), "nvidia.com/gpu.present": "true",
+                        "nvidia.com/cuda.driver-version.full": driver,
+                        "nvidia.com/cuda.driver.major": driver.split(".")[0],
+                        "karpenter.sh/nodepool": pool, "node.kubernetes.io/instance-type": instance,
+                        **(labels or {})})
+
+
+def cpu_node(name: str = "cpu-1", cpu: str = "16", memory: str = "64Gi") -> NodeSpec:
+    return NodeSpec(name=name, cpu=cpu, memory=memory, labels={
+        "karpenter.sh/nodepool": "general", "node.kubernetes.io/instance-type": "m7i.4xlarge"})
+
+
+def default_nodes() -> list[NodeSpec]:
+    """Two H200 nodes (8 GPUs each, tainted) and one CPU node (for the router)."""
+    return [gpu_node("h200-1"), gpu_node("h200-2"), cpu_node("cpu-1")]
+
+
+@dataclass
+class Refusal:
+    message: str
+    selector: str | None
+    times: int | None
+    namespace: str | None
+
+
+class EmulatedCluster:
+    """A Kubernetes cluster on loopback for tests. Use as a context manager::
+
+        with EmulatedCluster() as cluster:
+            api = KubeApi(cluster.api_client())
+            ...
+
+    ``nodes``: NodeSpecs (default: ``default_nodes()``). Timings (seconds, compressed from a real
+    cluster's): ``tick_s`` the controllers' and kubelet's loop, ``start_delay_s`` a bound pod's
+    ContainerCreating before it gets an IP, ``probe_period_s`` readiness probes,
+    ``pull_backoff_s`` and ``restart_backoff_s`` (doubling, capped at 8x) the back-offs,
+    ``max_grace_s`` the cap on a pod's termination grace. ``pod_cidr`` / ``service_cidr``:
+    loopback ranges of pod IPs and clusterIPs. ``process_env``: extra environment for every
+    started process. ``workdir``: logs and the kubeconfig (default: a temporary folder, removed)."""
+
+    def __init__(self, nodes: list[NodeSpec] | None = None, *, tick_s: float = 0.05,
+                 start_delay_s: float = 0.1, probe_period_s: float = 0.1, pull_backoff_s: float = 0.3,
+                 restart_backoff_s: float = 0.3, max_grace_s: float = 5.0,
+                 pod_cidr: str = "127.77.0.0/16", service_cidr: str = "127.96.0.0/16",
+                 node_cidr: str = "127.78.0.0/16", enforce_namespaces: bool = True,
+                 process_env: dict[str, str] | None = None, workdir: str | Path | None = None):
+        self.node_specs = default_nodes() if nodes is None else list(nodes)
+        self.tick_s, self.start_delay_s, self.probe_period_s = tick_s, start_delay_s, probe_period_s
+        self.pull_backoff_s, self.restart_backoff_s, self.max_grace_s = pull_backoff_s, restart_backoff_s, max_grace_s
+        self.pod_cidr, self.service_cidr = pod_cidr, service_cidr
+        self.process_env = dict(process_env or {})
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kcluster-"))
+        self.kubeconfig = str(self.workdir / "kubeconfig")
+        self.apiserver = ApiServer(enforce_namespaces=enforce_namespaces)
+        self.started_processes: list[tuple[subprocess.Popen[bytes], str, str, str]] = []
+        self._service_ips = IpPool(service_cidr, skip=10)
+        self._node_ips = IpPool(node_cidr, skip=2)
+        self._reserved_ips: dict[tuple[str, str], str] = {}
+        self._pull_failures: dict[str | None, int] = {}
+        self._refusals: list[Refusal] = []
+        self.errors: list[BaseException] = []  # exceptions of the control loop (should stay empty)
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> EmulatedCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        async def main() -> None:
+            try:
+                async with self.apiserver, kmock.Server(self.apiserver) as server:
+                    self.url = str(server.url).rstrip("/")
+                    self._wake = asyncio.Event()
+                    self._stop = asyncio.Event()
+                    self.apiserver.allocate_cluster_ip = self._allocate_cluster_ip
+                    self.apiserver.on_change = self._wake.set
+                    self.kubelet = Kubelet(self)
+                    self.controllers = Controllers(self)
+                    self.proxy = KubeProxy(self.apiserver)
+                    self.apiserver.read_log = self.kubelet.read_log
+                    self._write_kubeconfig()
+                    for ns in ("default", "kube-system"):
+                        self.apiserver.obj_create({"kind": "Namespace", "metadata": {"name": ns}})
+                    for spec in self.node_specs:
+                        self._create_node(spec)
+                    started.set()
+                    await self._control_loop()
+                    await self.proxy.shutdown()
+                    await self.kubelet.shutdown()
+                    await self.apiserver.aclose()
+            except BaseException as e:  # noqa: BLE001 - reported to the starting thread
+                failure.append(e)
+                started.set()
+                raise
+
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(main(),),
+                                        name="kcluster", daemon=True)
+        self._thread.start()
+        if not started.wait(20) or failure:
+            raise RuntimeError(f"the emulated cluster did not start: {failure}")
+
+    async def _control_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.controllers.sync()
+                await self.kubelet.sync()
+                await self.proxy.sync()
+            except Exception as e:  # noqa: BLE001 - kept for tests to assert on
+                self.errors.append(e)
+                import traceback
+
+                traceback.print_exc()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 0.01)  # a floor against busy loops
+            if self._stop.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.tick_s)
+
+    def stop(self) -> None:
+        """Stop every process started (by process group), close relays and the API server."""
+        if self._loop is None or self._thread is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        for proc, *_ in self.started_processes:  # belt and braces: nothing may outlive the cluster
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, 9)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._loop = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the cluster's loop (the store is only touched there)."""
+        assert self._loop is not None, "the cluster is not running"
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def _write_kubeconfig(self) -> None:
+        doc = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "kcluster",
+            "clusters": [{"name": "kcluster", "cluster": {"server": self.url}}],
+            "users": [{"name": "kcluster", "user": {"token": "kcluster-token"}}],
+            "contexts": [{"name": "kcluster", "context": {"cluster": "kcluster", "user": "kcluster",
+                                                         "namespace": "default"}}],
+        }
+        Path(self.kubeconfig).write_text(yaml.safe_dump(doc))
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def api_client(self) -> Any:
+        """An official-client ApiClient for this cluster."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        cfg.api_key = {"authorization": "kcluster-token"}
+        cfg.api_key_prefix = {"authorization": "Bearer"}
+        return client.ApiClient(cfg)
+
+    def kube_api(self, retries: int = 3, backoff_s: float = 0.01) -> Any:
+        """The backend's KubeApi on this cluster, with short back-offs."""
+        from orchestrator.backends.kubernetes.api import KubeApi
+
+        return KubeApi(self.api_client(), retries=retries, backoff_s=backoff_s, max_backoff_s=backoff_s * 2)
+
+    # -- nodes, namespaces, volumes -------------------------------------------------------------
+
+    def _create_node(self, spec: NodeSpec) -> None:
+        cap = {"cpu": spec.cpu, "memory": spec.memory, "pods": "110", "ephemeral-storage": "500Gi"}
+        if spec.gpus:
+            cap["nvidia.com/gpu"] = str(spec.gpus)
+        ip = self._node_ips.take()
+        self.apiserver.obj_create({
+            "kind": "Node",
+            "metadata": {"name": spec.name, "labels": {
+                "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", **spec.labels}},
+            "spec": {"taints": copy.deepcopy(spec.taints), **({"unschedulable": True} if spec.unschedulable else {})},
+            "status": {
+                "capacity": cap, "allocatable": dict(cap),
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "kubelet is posting ready status", "lastHeartbeatTime": now(),
+                                "lastTransitionTime": now()}],
+                "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": spec.name}],
+                "nodeInfo": {"kubeletVersion": "v1.31.4", "containerRuntimeVersion": "containerd://1.7.23",
+                             "osImage": "Amazon Linux 2023", "architecture": "amd64", "operatingSystem": "linux",
+                             "kernelVersion": "6.1.0"},
+            },
+        }, "nodes")
+
+    def add_node(self, spec: NodeSpec) -> None:
+        self._call(lambda: self._create_node(spec))
+
+    def remove_node(self, name: str) -> None:
+        """The node goes away (scale-down, failure): its pods are deleted and their processes stop."""
+        self._call(lambda: self.apiserver.obj_remove("nodes", None, name))
+
+    def remove_gpu_nodes(self) -> list[str]:
+        names = [n["metadata"]["name"] for n in self.objects("Node").values()
+                 if "nvidia.com/gpu" in (n["status"].get("capacity") or {})]
+        for n in names:
+            self.remove_node(n)
+        return names
+
+    def taint_node(self, name: str, key: str, value: str = "", effect: str = "NoSchedule") -> None:
+        def do() -> None:
+            node = copy.deepcopy(self.apiserver.obj_get("nodes", None, name))
+            taints = [t for t in node["spec"].get("taints") or [] if not (t["key"] == key and t["effect"] == effect)]
+            node["spec"]["taints"] = [*taints, {"key": key, "value": value, "effect": effect}]
+            self.apiserver.obj_put(node, "nodes")
+
+        self._call(do)
+
+    def untaint_node(self, name: str, key: str) -> None:
+        def do() -> None:
+            node = copy.deepcopy(self.apiserver.obj_get("nodes", None, name))
+            node["spec"]["taints"] = [t for t in node["spec"].get("taints") or [] if t["key"] != key]
+            self.apiserver.obj_put(node, "nodes")
+
+        self._call(do)
+
+    def add_namespace(self, name: str) -> None:
+        def do() -> None:
+            if self.apiserver.obj_get("namespaces", None, name) is None:
+                self.apiserver.obj_create({"kind": "Namespace", "metadata": {"name": name}})
+
+        self._call(do)
+
+    def add_pvc(self, namespace: str, name: str, size: str = "500Gi") -> None:
+        """A bound PersistentVolumeClaim (creates the namespace if missing, as an admin would)."""
+        self.add_namespace(namespace)
+        self._call(lambda: self.apiserver.obj_create({
+            "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}}))
+
+    def add_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        import base64
+
+        self.add_namespace(namespace)
+        self._call(lambda: self.apiserver.obj_create({
+            "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}))
+
+    def lookup_ref(self, namespace: str, kind: str, name: str, key: str) -> str | None:
+        """A Secret's or ConfigMap's key (for env valueFrom), None if missing (loop thread)."""
+        import base64
+
+        obj = self.apiserver.obj_get(KIND_TO_PLURAL[kind], namespace, name)
+        if obj is None or key not in (obj.get("data") or {}):
+            return None
+        value = obj["data"][key]
+        return base64.b64decode(value).decode() if kind == "Secret" else value
+
+    # -- services -------------------------------------------------------------------------------
+
+    def _allocate_cluster_ip(self, svc: Obj) -> str:
+        key = (svc["metadata"].get("namespace") or "default", svc["metadata"]["name"])
+        return self._reserved_ips.pop(key, None) or self._service_ips.take()
+
+    def reserve_cluster_ip(self, namespace: str, name: str) -> str:
+        """The clusterIP the Service ``namespace/name`` will get when it is created (so a client can
+        be pointed at it before the Service exists)."""
+        def do() -> str:
+            key = (namespace, name)
+            if key not in self._reserved_ips:
+                self._reserved_ips[key] = self._service_ips.take()
+            return self._reserved_ips[key]
+
+        return self._call(do)
+
+    def service_url(self, namespace: str, name: str, port: int | None = None) -> str:
+        svc = self.get("Service", name, namespace)
+        if svc is None:
+            raise KeyError(f"service {namespace}/{name}")
+        port = port or svc["spec"]["ports"][0]["port"]
+        return f"http://{svc['spec']['clusterIP']}:{port}"
+
+    # -- failure injection ----------------------------------------------------------------------
+
+    def fail_image_pull(self, times: int = 1, image: str | None = None) -> None:
+        """The next ``times`` pull attempts (of ``image``, or any image) fail: the container shows
+        ``ErrImagePull``, then ``ImagePullBackOff`` until the next attempt; then pulls succeed."""
+        self._call(lambda: self._pull_failures.__setitem__(image, self._pull_failures.get(image, 0) + times))
+
+    def take_pull_failure(self, image: str) -> bool:
+        for key in (image, None):
+            if self._pull_failures.get(key, 0) > 0:
+                self._pull_failures[key] -= 1
+                return True
+        return False
+
+    def reject_pods(self, message: str = "pod-security", selector: str | None = None,
+                    times: int | None = None, namespace: str | None = None) -> None:
+        """Admission refuses new pods (whose template labels match ``selector``), ``times`` times or
+        until ``allow_pods()``. ``message``: ``"pod-security"``, ``"quota"`` or a text with
+        ``{pod}``, ``{container}``, ``{gpus}`` placeholders."""
+        r = Refusal(PRESETS.get(message, message), selector, times, namespace)
+        self._call(lambda: self._refusals.append(r))
+
+    def allow_pods(self) -> None:
+        self._call(self._refusals.clear)
+
+    def admission_refusal(self, namespace: str, rs_name: str, template: Obj) -> str | None:
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        for r in self._refusals:
+            if r.namespace not in (None, namespace) or not matches_labels(labels, r.selector):
+                continue
+            if r.times is not None:
+                if r.times <= 0:
+                    continue
+                r.times -= 1
+            containers = (template.get("spec") or {}).get("containers") or [{}]
+            gpus = sum(int(float(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0)))
+                       for c in containers)
+            return r.message.format(pod=f"{rs_name}-", container=containers[0].get("name", "main"), gpus=gpus)
+        return None
+
+    def kill_pod(self, name: str, namespace: str | None = None, restart: bool = True) -> None:
+        """Kill the pod's processes (SIGKILL: exit 137). The kubelet restarts the container after
+        a back-off (restartCount + 1); with ``restart=False`` every restart crashes (CrashLoopBackOff)."""
+        pod = self._find_pod(name, namespace)
+        self._call(lambda: self.kubelet.kill(pod["metadata"]["uid"], restart))
+
+    def kill_role(self, namespace: str, role: str, index: int = 0, restart: bool = True) -> str:
+        """Kill the ``index``-th pod (by name) labelled ``orchestrator/role=<role>``; its name."""
+        pods = sorted(self.pods(namespace, f"orchestrator/role={role}"), key=lambda p: p["metadata"]["name"])
+        name = pods[index]["metadata"]["name"]
+        self.kill_pod(name, namespace, restart)
+        return name
+
+    def inject_fault(self, method: str, part: str, status: int, times: int = 1, message: str | None = None) -> Fault:
+        """The next ``times`` requests of ``method`` ("*": any) whose path contains ``part`` get
+        HTTP ``status`` with the Status body a real server sends (403 names the RBAC verb)."""
+        f = Fault(method.upper() if method != "*" else "*", part, status, times, message)
+        self._call(lambda: self.apiserver.faults.append(f))
+        return f
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    def objects(self, kind: str, namespace: str | None = None) -> dict[str, Obj]:
+        """``{name: object}`` of a kind (``Deployment`` or ``deployments``), copies."""
+        plural = KIND_TO_PLURAL.get(kind, kind)
+        if plural not in RESOURCES:
+            raise KeyError(kind)
+        return self._call(lambda: {o["metadata"]["name"]: copy.deepcopy(o)
+                                   for o in self.apiserver.obj_list(plural, namespace)})
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> Obj | None:
+        plural = KIND_TO_PLURAL.get(kind, kind)
+        return self._call(lambda: copy.deepcopy(self.apiserver.obj_get(plural, namespace, name)))
+
+    def pods(self, namespace: str | None = None, labels: str | None = None) -> list[Obj]:
+        return self._call(lambda: [copy.deepcopy(p) for p in self.apiserver.obj_list("pods", namespace, labels)])
+
+    def events(self, namespace: str | None = None, involved: str | None = None,
+               reason: str | None = None) -> list[Obj]:
+        evs = self._call(lambda: [copy.deepcopy(e) for e in self.apiserver.obj_list("events", namespace)])
+        return [e for e in evs if (involved is None or e["involvedObject"].get("name") == involved)
+                and (reason is None or e.get("reason") == reason)]
+
+    def _find_pod(self, name: str, namespace: str | None) -> Obj:
+        found = [p for p in self.pods(namespace) if p["metadata"]["name"] == name]
+        if not found:
+            raise KeyError(f"no pod {name!r}")
+        return found[0]
+
+    def process(self, pod: str, namespace: str | None = None, container: str | None = None) -> dict[str, Any]:
+        """The running process of a pod's container: pid, the argv it was started with, its
+        /proc cmdline now (vllm-router retitles itself ``vllm::router``), kind, details."""
+        p = self._find_pod(pod, namespace)
+
+        def do() -> dict[str, Any]:
+            run = self.kubelet.pods[p["metadata"]["uid"]]
+            cr = run.containers[container] if container else next(iter(run.containers.values()))
+            if cr.proc is None or cr.launch is None:
+                raise KeyError(f"{pod}: no process running")
+            return {"pid": cr.proc.pid, "argv": list(cr.launch.argv), "cmdline": _cmdline(cr.proc.pid),
+                    "kind": cr.launch.kind, "details": dict(cr.launch.details), "ip": run.ip,
+                    "port": cr.launch.port}
+
+        return self._call(do)
+
+    def live_processes(self) -> list[dict[str, Any]]:
+        """Processes this cluster started that still run (or whose process group has members)."""
+        out = []
+        for proc, ns, pod, container in list(self.started_processes):
+            alive = proc.poll() is None or bool(_group_members(proc.pid))
+            if alive:
+                out.append({"pid": proc.pid, "namespace": ns, "pod": pod, "container": container})
+        return out
+
+    def requests(self, method: str, part: str) -> int:
+        """How many requests of ``method`` ("*": any) whose path contains ``part`` arrived."""
+        return len(self.request_log(method, part))
+
+    def request_log(self, method: str = "*", part: str = "") -> list[tuple[str, str]]:
+        reqs = self._call(lambda: list(self.apiserver._requests))
+        return [(r.method.value, str(r.url.path_qs)) for r in reqs
+                if method in ("*", r.method.value) and part in r.url.path]
+
+    def logs(self, pod: str, namespace: str | None = None, container: str | None = None,
+             previous: bool = False) -> str:
+        p = self._find_pod(pod, namespace)
+        return self._call(lambda: self.kubelet.read_log(p["metadata"]["namespace"], pod, container, previous)) or ""
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
+                 what: str = "condition") -> Any:
+        """Poll ``predicate`` until truthy; its value, or AssertionError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(interval)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def _group_members(pgid: int) -> list[int]:
+    from orchestrator.backends.processes import group_members
+
+    return group_members(pgid)
+
+
+def cluster_fixture(name: str = "kcluster", scope: str = "function", **kwargs: Any) -> Any:
+    """A pytest fixture yielding a running ``EmulatedCluster(**kwargs)``; it asserts on teardown that
+    no process the cluster started is left. Usage, at module level:
+    ``kcluster = cluster_fixture(nodes=[gpu_node("h200-1"), cpu_node()])``."""
+
+    @pytest.fixture(name=name, scope=scope)  # type: ignore[call-overload]
+    def _fixture() -> Iterator[EmulatedCluster]:
+        with EmulatedCluster(**kwargs) as cluster:
+            yield cluster
+        assert not cluster.live_processes(), f"processes left: {cluster.live_processes()}"
+
+    return _fixture
+
+
+def loopback_ok(cidr: str) -> bool:
+    """Whether addresses of ``cidr`` bind here (all of 127.0.0.0/8 does on Linux)."""
+    import socket
+
+    ip = str(next(ipaddress.ip_network(cidr).hosts()))
+    try:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
