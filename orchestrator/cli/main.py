@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "run_cmd",
     "report_cmd",
     "k8s_cmd",
+    "controller_cmd",
 )
 
 
@@ -52,6 +53,7 @@ COMMAND_HOMES = {
     "cancel": ("run_cmd",),
     "report": ("report_cmd",),
     "export": ("report_cmd",),
+    "controller": ("controller_cmd",),
 }
 
 

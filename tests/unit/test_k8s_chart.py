@@ -1,11 +1,19 @@
-"""The Helm chart that deploys the orchestrator: lints strictly, renders, and its objects validate.
+"""The Helm chart that deploys the orchestrator: lints strictly, renders, its objects validate, and
+what it renders can run: the image the Dockerfile builds, the GPU pools as Ray resources, a
+long-lived controller, load generators inside the cluster, the DSN from a Secret, pods a
+"restricted" namespace admits.
 
 Helm's own Go SDK does the work (helm-python-sdk; no helm binary). RayCluster is a KubeRay CRD
-with no schema in kubernetes-validate: its pod templates are validated as core PodTemplates.
+with no schema in kubernetes-validate: its shape is checked against KubeRay's documented fields
+(ray.io/v1) and its pod templates are validated as core PodTemplates.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
+import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -13,17 +21,35 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 from orchestrator.backends.kubernetes.api import RESOURCES
-from tests.unit.test_k8s_render import assert_valid_k8s
+from orchestrator.cli.main import main
+from orchestrator.control.controller import gpu_demand
+from orchestrator.plan import load_plan_file
+from orchestrator.plan.catalog import GPUS
+from orchestrator.plan.kubernetes import KubernetesSettings
+from tests.unit.test_k8s_render import EXAMPLES, assert_valid_k8s, pod_security_problems
 
-CHART = Path(__file__).resolve().parents[2] / "helm" / "orchestrator"
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "orchestrator"
+DOCKERFILE = ROOT / "Dockerfile"
+
+# KubeRay's RayCluster (ray.io/v1) fields, from its API reference: what the chart may set.
+RAYCLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling",
+                   "autoscalerOptions", "headServiceAnnotations", "suspend", "managedBy",
+                   "gcsFaultToleranceOptions", "upgradeStrategy", "authOptions"}
+HEAD_GROUP = {"rayStartParams", "template", "serviceType", "headService", "enableIngress",
+              "resources", "labels"}
+WORKER_GROUP = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template",
+                "scaleStrategy", "numOfHosts", "idleTimeoutSeconds", "suspend", "resources", "labels"}
 
 
-def render(values: dict[str, Any] | None = None, namespace: str = "bench") -> list[dict[str, Any]]:
+def render(values: dict[str, Any] | None = None, namespace: str = "bench",
+           name: str = "orch") -> list[dict[str, Any]]:
     """The chart's objects for ``values`` (schema-checked by Helm), NOTES.txt left out."""
     chart = helm.Chart.load(str(CHART))
-    out = chart.render(values or {}, name="orch", namespace=namespace, is_install=True)
+    out = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
     objs = []
     for path, text in sorted(out.items()):
         if path.endswith(".yaml"):
@@ -31,19 +57,67 @@ def render(values: dict[str, Any] | None = None, namespace: str = "bench") -> li
     return objs
 
 
+def _one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objs if o["kind"] == kind]
+    return obj
+
+
+def _groups(ray: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["groupName"]: g for g in ray["spec"]["workerGroupSpecs"]}
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod the chart makes, by role: head, each worker group, the controller."""
+    ray = _one(objs, "RayCluster")
+    pods = {"head": ray["spec"]["headGroupSpec"]["template"]["spec"]}
+    pods.update({name: g["template"]["spec"] for name, g in _groups(ray).items()})
+    pods["controller"] = _one(objs, "Deployment")["spec"]["template"]["spec"]
+    return pods
+
+
+def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(pod.get("initContainers") or []) + list(pod["containers"])
+
+
+def ray_custom_resources(param: str) -> dict[str, float]:
+    """What `ray start` receives from a rayStartParams ``resources`` value: KubeRay writes
+    ``--resources=<value>`` into a bash command line, so the shell's unquoting applies."""
+    (arg,) = shlex.split(f"--resources={param}")
+    return json.loads(arg.removeprefix("--resources="))
+
+
 def assert_valid_object(obj: dict[str, Any]) -> None:
     if obj["kind"] != "RayCluster":
         assert_valid_k8s(obj, "chart:")
         return
     assert obj["apiVersion"] == "ray.io/v1"
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", obj["metadata"]["name"])
     spec = obj["spec"]
-    templates = [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
-    for g in spec["workerGroupSpecs"]:
+    assert set(spec) <= RAYCLUSTER_SPEC, set(spec) - RAYCLUSTER_SPEC
+    assert isinstance(spec["rayVersion"], str)
+    head = spec["headGroupSpec"]
+    assert set(head) <= HEAD_GROUP, set(head) - HEAD_GROUP
+    groups = spec["workerGroupSpecs"]
+    names = [g["groupName"] for g in groups]
+    assert len(set(names)) == len(names), names
+    for g in groups:
+        assert set(g) <= WORKER_GROUP, set(g) - WORKER_GROUP
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", g["groupName"])
+        for k in ("replicas", "minReplicas", "maxReplicas"):
+            assert isinstance(g[k], int) and not isinstance(g[k], bool), (g["groupName"], k)
         assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"], g["groupName"]
-        assert isinstance(g["rayStartParams"], dict)
-    for tpl in templates:
-        pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": tpl}
+    for group in [head, *groups]:
+        params = group["rayStartParams"]
+        assert isinstance(params, dict)
+        # KubeRay's field is map[string]string: every value a string, never a number or bool.
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()), params
+        if "resources" in params:
+            res = ray_custom_resources(params["resources"])
+            assert res and all(isinstance(v, int | float) and v > 0 for v in res.values()), res
+        pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": group["template"]}
         assert_valid_k8s(pod, "RayCluster pod template:")
+        # KubeRay takes the first container as the Ray container.
+        assert group["template"]["spec"]["containers"][0]["name"] in ("ray-head", "ray-worker")
 
 
 @cache
@@ -59,14 +133,27 @@ def check_chart() -> None:
 def test_chart_lints_strictly_and_every_rendered_object_validates() -> None:
     check_chart()
     kinds = sorted(o["kind"] for o in render())
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "RayCluster", "Role", "RoleBinding", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "RayCluster", "Role",
+                     "RoleBinding", "ServiceAccount"]
+    values = {"imagePullSecrets": ["regcred"], "gpuPools": {"H100-SXM": 16, "H200": 0},
+              "state": {"existingClaim": "orch-state"}, "database": {"migrate": False},
+              "serviceAccount": {"create": False, "name": "existing"}, "rbac": {"create": False},
+              "nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+    objs = render(values)
+    assert sorted(o["kind"] for o in objs) == ["Deployment", "RayCluster"]
+    for obj in objs:
+        assert_valid_object(obj)
 
 
 def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
-    ray = next(o for o in render() if o["kind"] == "RayCluster")
-    head = ray["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in head["env"]}
-    assert env["ORCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "orchestrator-db", "key": "url"}
+    objs = render({"database": {"existingSecret": "pg", "secretKey": "dsn"}})
+    for role, pod in pod_specs(objs).items():
+        for c in _containers(pod):
+            env = {e["name"]: e for e in c["env"]}
+            assert env["ORCH_DATABASE_URL"] == {
+                "name": "ORCH_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+            }, (role, c["name"])
+            assert all("value" not in e or "postgres" not in e["value"] for e in c["env"])
     with pytest.raises(helm.HelmError) as err:
         render({"database": {"url": "postgresql://u:p@db/orch"}})
     assert "url" in str(err.value)
@@ -74,16 +161,134 @@ def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
         render({"database": {"existingSecret": ""}})
 
 
-def test_head_runs_the_controller_and_workers_the_loadgen_shards() -> None:
-    ray = next(o for o in render({"head": {"startCommand": ["orch", "status"]},
-                                  "loadgenWorkers": {"replicas": 3, "minReplicas": 1, "maxReplicas": 5}})
-               if o["kind"] == "RayCluster")
+def test_image_defaults_to_what_the_dockerfile_builds_from_this_checkout() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"], "the image is tagged with the package version"
+    expected = f"orchestrator:{chart['appVersion']}"
+    assert "example" not in values["image"]["repository"]
+    for role, pod in pod_specs(render()).items():
+        for c in _containers(pod):
+            assert c["image"] == expected, (role, c["name"])
+    pod = pod_specs(render({"image": {"repository": "ghcr.io/acme/orchestrator", "tag": "dev"}}))["head"]
+    assert pod["containers"][0]["image"] == "ghcr.io/acme/orchestrator:dev"
+
+    text = DOCKERFILE.read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    (base,) = re.findall(r"^FROM (\S+)", text, re.M)
+    assert re.fullmatch(r"python:3\.11[-.\w]*", base), base
+    # Ray in the image is the chart's rayVersion, and one the package accepts.
+    assert args["RAY_VERSION"] == values["rayVersion"] == _one(render(), "RayCluster")["spec"]["rayVersion"]
+    ray_req = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "ray")
+    assert ray_req.specifier.contains(args["RAY_VERSION"]), (ray_req, args["RAY_VERSION"])
+    # vllm-router from PyPI, the version of the router image arms run by default.
+    router_tag = KubernetesSettings().router_image.rsplit(":", 1)[1]
+    assert router_tag.lstrip("v") == args["VLLM_ROUTER_VERSION"]
+    installs = " ".join(re.findall(r"pip install ([^\n]+)", text))
+    # default: the dashboard agent KubeRay probes; client: the Ray Client server the controller uses.
+    assert '"ray[default,client]==${RAY_VERSION}"' in installs and '"vllm-router==${VLLM_ROUTER_VERSION}"' in installs
+    assert re.search(r"pip install [^\n]* \.(\s|$)", text), "the package is installed from the checkout"
+    for path in ("orchestrator/", "migrations/", "manifests/", "pyproject.toml", "setup.py"):
+        assert re.search(rf"^COPY .*\b{re.escape(path)}", text, re.M), path
+    assert "kubectl" not in text
+    # A numeric non-root user, the one the chart's pods run as.
+    (user,) = re.findall(r"^USER (\S+)$", text, re.M)
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    assert int(uid) == values["podSecurityContext"]["runAsUser"]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "tests"} <= set(ignored)
+
+
+def test_gpu_pools_are_ray_resources_of_one_experiments_worker() -> None:
+    ray = _one(render(), "RayCluster")
     head = ray["spec"]["headGroupSpec"]
-    assert head["rayStartParams"]["num-cpus"] == "0", "no shard is scheduled on the head"
-    assert head["template"]["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"] == ["orch", "status"]
-    (group,) = ray["spec"]["workerGroupSpecs"]
-    assert group["groupName"] == "loadgen" and group["replicas"] == 3
-    assert_valid_object(ray)
+    assert head["rayStartParams"]["num-cpus"] == "0", "no experiment or shard is scheduled on the head"
+    assert "resources" not in head["rayStartParams"]
+    exp = _groups(ray)["experiments"]
+    assert exp["replicas"] == exp["minReplicas"] == exp["maxReplicas"] == 1, "the pools are counted once"
+    pools = ray_custom_resources(exp["rayStartParams"]["resources"])
+    assert pools == {"H200": 8}, "0-GPU types are left out"
+    assert exp["rayStartParams"]["num-cpus"] == "4"
+
+    ray = _one(render({"gpuPools": {"H200": 0, "H100-SXM": 16, "H100-PCIe": 2},
+                       "experiments": {"concurrency": 2}}), "RayCluster")
+    exp = _groups(ray)["experiments"]
+    pools = ray_custom_resources(exp["rayStartParams"]["resources"])
+    assert pools == {"H100-SXM": 16, "H100-PCIe": 2}
+    assert exp["rayStartParams"]["num-cpus"] == "2"
+    # What `orch submit` checks (controller.submit): every example's larger arm fits the pools
+    # of its GPU type, and the names are the plan catalog's.
+    for path in EXAMPLES:
+        plan = load_plan_file(path)
+        demand = gpu_demand(plan)
+        full = ray_custom_resources(_groups(_one(render({"gpuPools": {g: 64 for g in demand}}), "RayCluster"))
+                                    ["experiments"]["rayStartParams"]["resources"])
+        assert all(full.get(g, 0) >= n for g, n in demand.items()), (path.name, demand, full)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["gpuPools"]["properties"]) == set(GPUS)
+    with pytest.raises(helm.HelmError) as err:
+        render({"gpuPools": {"H100": 8}})  # an alias: Ray would count a pool no plan asks for
+    assert "H100" in str(err.value)
+    with pytest.raises(helm.HelmError) as err:
+        render({"gpuPools": {"H200": 0}})
+    assert "gpuPools" in str(err.value)
+
+
+def test_controller_is_a_long_lived_deployment_and_loadgen_workers_run_in_the_cluster(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    objs = render({"loadgenWorkers": {"replicas": 3, "minReplicas": 1, "maxReplicas": 5},
+                   "controller": {"checkIntervalSeconds": 5}})
+    ray = _one(objs, "RayCluster")
+    for pod in pod_specs(objs).values():
+        for c in _containers(pod):
+            assert "lifecycle" not in c, "a hook cannot host a long-running process"
+    dep = _one(objs, "Deployment")
+    assert dep["metadata"]["name"] == "orch-orchestrator-controller"
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["orch", "controller", "serve"] and c["args"] == ["--interval", "5"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # Ray Client on the head's Service (KubeRay names it <cluster>-head-svc; port 10001 is the
+    # head container's "client" port).
+    assert env["RAY_ADDRESS"] == f"ray://{ray['metadata']['name']}-head-svc:10001"
+    head_ports = {p["name"]: p["containerPort"] for p in ray["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert head_ports["client"] == 10001
+    assert [i["command"] for i in pod["initContainers"]] == [["orch", "db", "upgrade"]]
+    assert "initContainers" not in pod_specs(render({"database": {"migrate": False}}))["controller"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    for group in [ray["spec"]["headGroupSpec"], *ray["spec"]["workerGroupSpecs"]]:
+        labels = group["template"]["metadata"]["labels"]
+        assert not selector.items() <= labels.items(), "the Deployment selects only its own pods"
+    # The command the Deployment runs exists and is the long-running one.
+    assert main(["controller", "serve", "--help"]) == 0
+    assert "Usage: orch controller serve" in capsys.readouterr().out
+    loadgen = _groups(ray)["loadgen"]
+    assert loadgen["replicas"] == 3 and loadgen["maxReplicas"] == 5
+    assert ray_custom_resources(loadgen["rayStartParams"]["resources"]) == {"loadgen": 1}
+    with pytest.raises(helm.HelmError, match="too long"):
+        render(name="a-release-name-far-too-long-for-kuberay")
+
+
+def test_every_pod_is_restricted_and_pulls_with_the_given_secrets() -> None:
+    for values in ({}, {"imagePullSecrets": ["regcred", "mirror"], "state": {"existingClaim": "st"}}):
+        pods = pod_specs(render(values))
+        assert set(pods) == {"head", "experiments", "loadgen", "controller"}
+        for role, pod in pods.items():
+            assert pod_security_problems(pod, "restricted") == [], (role, pod_security_problems(pod, "restricted"))
+            secrets = [s["name"] for s in pod.get("imagePullSecrets", [])]
+            assert secrets == values.get("imagePullSecrets", []), role
+            # Run state on a volume at ORCH_STATE_DIR (writable by the non-root user via fsGroup).
+            c = pod["containers"][0]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["ORCH_STATE_DIR"].startswith(c["volumeMounts"][0]["mountPath"] + "/")
+    exp = pod_specs(render({"state": {"existingClaim": "st"}}))["experiments"]
+    assert exp["volumes"] == [{"name": "state", "persistentVolumeClaim": {"claimName": "st"}}]
+    with pytest.raises(helm.HelmError):
+        render({"imagePullSecrets": ["Not_A_Name"]})
 
 
 def test_rbac_grants_what_the_backend_uses_and_nothing_cluster_wide_but_reading_nodes() -> None:
@@ -95,8 +300,14 @@ def test_rbac_grants_what_the_backend_uses_and_nothing_cluster_wide_but_reading_
     for kind, res in RESOURCES.items():
         if kind in ("Namespace", "Node"):
             continue
-        need = {"get", "list"} if kind in ("Pod", "Event") else {"get", "list", "patch", "create", "delete"}
+        read_only = kind in ("Pod", "Event", "PersistentVolumeClaim")
+        need = {"get", "list"} if read_only else {"get", "list", "patch", "create", "delete"}
         assert need <= granted.get(res.plural, set()), (res.plural, need)
+        if read_only:
+            assert granted[res.plural] <= {"get", "list", "watch"}, res.plural
     assert "pods/proxy" in granted and "pods/log" in granted
     assert objs["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
-    assert objs["RoleBinding"]["metadata"]["namespace"] == "bench"
+    assert objs["Role"]["metadata"]["namespace"] == objs["RoleBinding"]["metadata"]["namespace"] == "bench"
+    sa = objs["ServiceAccount"]["metadata"]["name"]
+    for role, pod in pod_specs(list(objs.values())).items():
+        assert pod["serviceAccountName"] == sa, role

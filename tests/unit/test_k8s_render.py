@@ -7,6 +7,7 @@ the files and still fails, so a stale file never passes silently; review the dif
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -203,3 +204,158 @@ def test_an_external_arm_has_nothing_to_render() -> None:
     plan = load_plan_file(EXTERNAL)
     with pytest.raises(UserError, match="external endpoint"):
         render_arm(plan, "A", RunKey(plan.name, "A", 0))
+
+
+# --- Pod Security Standards (https://kubernetes.io/docs/concepts/security/pod-security-standards/)
+# The checks of the "baseline" and "restricted" levels (policy version 1.29+) over a pod spec, as
+# the PodSecurity admission plugin makes them for a namespace labelled
+# pod-security.kubernetes.io/enforce=<level>. Windows-only and deprecated-annotation checks are
+# left out: nothing here sets them.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
+SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+RESTRICTED_VOLUMES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
+}
+
+
+def pod_security_problems(pod: dict[str, Any], level: str) -> list[str]:
+    """What keeps ``pod`` (a PodSpec) out of a namespace enforcing ``level`` (baseline or
+    restricted); empty when it is admitted."""
+    assert level in ("baseline", "restricted")
+    out: list[str] = []
+    psc = pod.get("securityContext") or {}
+    containers = [(c["name"], c) for key in ("initContainers", "containers", "ephemeralContainers")
+                  for c in pod.get(key) or []]
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            out.append(f"{field}: true")
+    for vol in pod.get("volumes") or []:
+        kind = next(k for k in vol if k != "name")
+        if kind == "hostPath":
+            out.append(f"volume {vol['name']}: hostPath")
+        elif level == "restricted" and kind not in RESTRICTED_VOLUMES:
+            out.append(f"volume {vol['name']}: {kind} is not allowed by restricted")
+    for s in psc.get("sysctls") or []:
+        if s["name"] not in SAFE_SYSCTLS:
+            out.append(f"sysctl {s['name']}")
+    contexts = [("pod", psc)] + [(n, c.get("securityContext") or {}) for n, c in containers]
+    for where, sc in contexts:
+        if (sc.get("seccompProfile") or {}).get("type") == "Unconfined":
+            out.append(f"{where}: seccompProfile Unconfined")
+        if (sc.get("appArmorProfile") or {}).get("type") == "Unconfined":
+            out.append(f"{where}: appArmorProfile Unconfined")
+        se = sc.get("seLinuxOptions") or {}
+        if se.get("type", "") not in SELINUX_TYPES or se.get("user") or se.get("role"):
+            out.append(f"{where}: seLinuxOptions {se}")
+        if level == "restricted" and sc.get("runAsUser") == 0:
+            out.append(f"{where}: runAsUser 0")
+    for name, c in containers:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount {sc['procMount']}")
+        added = set((sc.get("capabilities") or {}).get("add") or [])
+        if added - BASELINE_CAPABILITIES:
+            out.append(f"{name}: adds capabilities {sorted(added - BASELINE_CAPABILITIES)}")
+        for p in c.get("ports") or []:
+            if p.get("hostPort"):
+                out.append(f"{name}: hostPort {p['hostPort']}")
+        if level == "baseline":
+            continue
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation is not false")
+        if sc.get("runAsNonRoot") is False or not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            out.append(f"{name}: runAsNonRoot is not true")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile is {seccomp or 'unset'} (RuntimeDefault or Localhost)")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []):
+            out.append(f"{name}: capabilities do not drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds capabilities beyond NET_BIND_SERVICE")
+    return out
+
+
+def _pod_specs(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["labels"][naming.ROLE_LABEL]: o["spec"]["template"]["spec"]
+            for o in objs if o["kind"] == "Deployment"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("arm", ["A", "B"])
+def test_vllm_pods_are_baseline_and_router_pods_restricted(path: Path, arm: str) -> None:
+    pods = _pod_specs(_render(path, arm))
+    assert "router" in pods and len(pods) >= 2
+    for role, pod in pods.items():
+        level = "restricted" if role == "router" else "baseline"
+        assert pod_security_problems(pod, level) == [], (path.name, arm, role, level)
+        c = pod["containers"][0]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    vllm = next(p for r, p in pods.items() if r != "router")
+    env = {e["name"]: e.get("value") for e in vllm["containers"][0]["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in vllm["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in vllm["volumes"]}
+    # Everything vLLM writes lands on a volume: its caches under HOME, weights under HF_HOME.
+    for var in ("HOME", "HF_HOME"):
+        assert env[var] in mounts, (var, env[var], mounts)
+        assert "hostPath" not in volumes[mounts[env[var]]]
+
+
+def test_the_pod_security_check_finds_what_each_level_refuses() -> None:
+    plan = load_plan_file(DISAGG)
+    pods = _pod_specs(render_arm(plan, "B", RunKey(plan.name, "B", 0)))
+    router, prefill = pods["router"], pods["prefill"]
+    assert pod_security_problems(prefill, "restricted"), "vLLM runs as root: not restricted"
+    for mutate, level in [
+        (lambda p: p["containers"][0]["securityContext"].update(privileged=True), "baseline"),
+        (lambda p: p["containers"][0]["securityContext"].update(capabilities={"add": ["SYS_ADMIN"]}), "baseline"),
+        (lambda p: p.setdefault("volumes", []).append({"name": "h", "hostPath": {"path": "/m"}}), "baseline"),
+        (lambda p: p.update(hostIPC=True), "baseline"),
+        (lambda p: p["securityContext"].update(seccompProfile={"type": "Unconfined"}), "baseline"),
+        (lambda p: p["containers"][0]["securityContext"].pop("capabilities"), "restricted"),
+        (lambda p: p["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"), "restricted"),
+        (lambda p: p["securityContext"].pop("runAsNonRoot"), "restricted"),
+        (lambda p: p["securityContext"].pop("seccompProfile"), "restricted"),
+    ]:
+        pod = copy.deepcopy(router)
+        mutate(pod)
+        assert pod_security_problems(pod, level), (level, pod)
+    for mutate in (lambda p: p["containers"][0]["securityContext"].update(capabilities={"add": ["IPC_LOCK"]}),
+                   lambda p: p["containers"][0]["securityContext"].update(privileged=True)):
+        pod = copy.deepcopy(prefill)
+        mutate(pod)
+        assert pod_security_problems(pod, "baseline"), pod
+
+
+def test_image_pull_secrets_go_into_every_pod_and_bad_names_are_refused() -> None:
+    data = yaml.safe_load(DISAGG.read_text())
+    data["kubernetes"] = {"image_pull_secrets": ["registry-creds", "mirror.example-com"]}
+    plan = validate_plan(data)
+    for arm in ("A", "B"):
+        objs = render_arm(plan, arm, RunKey(plan.name, arm, 0))
+        pods = _pod_specs(objs)
+        assert len(pods) >= 2
+        for pod in pods.values():
+            assert pod["imagePullSecrets"] == [{"name": "registry-creds"}, {"name": "mirror.example-com"}]
+        for o in objs:
+            assert_valid_k8s(o)
+    default = load_plan_file(DISAGG)
+    assert all("imagePullSecrets" not in p for p in _pod_specs(render_arm(default, "B", RunKey(default.name, "B", 0))).values())
+    from orchestrator.errors import PlanError
+
+    data["kubernetes"] = {"image_pull_secrets": ["Registry_Creds"]}
+    with pytest.raises(PlanError) as err:
+        validate_plan(data)
+    assert "kubernetes.image_pull_secrets" in "\n".join(err.value.problems)

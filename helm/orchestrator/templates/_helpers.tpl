@@ -1,6 +1,11 @@
-{{/* Name of every object of the release. */}}
+{{/* Name of every object of the release. KubeRay names the head's Service <cluster>-head-svc
+and shortens longer names, so the name is kept short enough for that Service to be found. */}}
 {{- define "orchestrator.fullname" -}}
-{{- printf "%s-orchestrator" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- $name := printf "%s-orchestrator" .Release.Name -}}
+{{- if gt (len $name) 40 -}}
+{{- fail (printf "release name %q is too long: %q must be at most 40 characters (KubeRay's head Service name is derived from it)" .Release.Name $name) -}}
+{{- end -}}
+{{- $name -}}
 {{- end -}}
 
 {{- define "orchestrator.labels" -}}
@@ -19,7 +24,65 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{/* The environment every Ray container gets: the DSN from the Secret, the namespace arms run in. */}}
+{{/* The image every container runs: the Dockerfile's, tagged with the chart's appVersion unless set. */}}
+{{- define "orchestrator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* Ray Client address of the head, for processes that are not Ray nodes (the controller). */}}
+{{- define "orchestrator.rayClientAddress" -}}
+{{- printf "ray://%s-head-svc:10001" (include "orchestrator.fullname" .) -}}
+{{- end -}}
+
+{{/* The GPU pools as the JSON of Ray's --resources (types with 0 GPUs left out). */}}
+{{- define "orchestrator.gpuPoolsJson" -}}
+{{- $pools := dict -}}
+{{- range $gpu, $n := .Values.gpuPools -}}
+{{- if gt (int $n) 0 -}}
+{{- $_ := set $pools $gpu (int $n) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $pools -}}
+{{- fail "gpuPools: every pool is 0, so `orch submit` would refuse every plan; declare the GPUs experiments may hold, e.g. --set gpuPools.H200=8" -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}
+
+{{/* Pod-level fields every pod of the chart shares: identity, pull secrets, security, placement. */}}
+{{- define "orchestrator.podSpec" -}}
+serviceAccountName: {{ include "orchestrator.serviceAccountName" . }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . | quote }}
+  {{- end }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Container-level fields every container of the chart shares. */}}
+{{- define "orchestrator.container" -}}
+image: {{ include "orchestrator.image" . | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- with .Values.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The environment every container gets: the DSN from the Secret, the namespace arms run in,
+where run state goes. */}}
 {{- define "orchestrator.env" -}}
 - name: ORCH_DATABASE_URL
   valueFrom:
@@ -30,4 +93,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+- name: ORCH_STATE_DIR
+  value: /var/lib/orchestrator/state
+{{- end -}}
+
+{{- define "orchestrator.stateMount" -}}
+- name: state
+  mountPath: /var/lib/orchestrator
 {{- end -}}
