@@ -27,13 +27,13 @@ from orchestrator.backends.kubernetes.backend import KubernetesBackend
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Plan, validate_plan
 from tests.support.kcluster import (
+    GKE_GPU_TAINT,
     EmulatedCluster,
     cluster_fixture,
     cpu_node,
     gpu_node,
     loopback_ok,
 )
-from tests.support.kcluster.cluster import GKE_GPU_TAINT
 
 PLAN = "examples/quickstart.yaml"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -90,7 +90,8 @@ def _stream(url: str, model: str, max_tokens: int) -> tuple[int, int]:
 
 
 def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next(c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_)
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_),
+                {"type": type_, "status": "Unknown"})
 
 
 def _teardown_and_check(cluster: EmulatedCluster, backend: KubernetesBackend, dep: Deployment, ns: str) -> None:
@@ -197,12 +198,11 @@ def test_colocated_arm_spreads_over_gpu_nodes_and_round_robins(kcluster: Emulate
 # -- scheduling failures ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("nodes", [[gpu_node("h100-1", H100), gpu_node("h100-2", H100)]])
-def test_no_node_with_the_gpu_type_is_unschedulable_and_permanent(nodes: list[Any]) -> None:
-    with EmulatedCluster(nodes=nodes) as cluster:
+def test_no_node_with_the_gpu_type_is_unschedulable_and_permanent() -> None:
+    with EmulatedCluster(nodes=[gpu_node("h100-1", H100), gpu_node("h100-2", H100), cpu_node()]) as cluster:
         plan = _plan()
         backend, dep, ns = _deploy(cluster, plan, "A")
-        message = "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        message = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
         with pytest.raises(PermanentError) as err:
             backend.ready(dep, deadline_s=20)
         assert "no node has nvidia.com/gpu.product in ['NVIDIA-H200', 'NVIDIA-H200-141GB-HBM3e']" in str(err.value)
@@ -223,8 +223,10 @@ def test_busy_gpus_are_waited_for_and_reported_at_the_deadline() -> None:
     with EmulatedCluster(nodes=nodes) as cluster:
         cluster.taint_node("h200-2", "dedicated", "h200")
         backend, dep, ns = _deploy(cluster, _plan(), "A")
+        cluster.wait_for(lambda: sum(_condition(p, "Ready")["status"] == "True" for p in cluster.pods(ns)
+                                     if p["spec"].get("nodeName")) == 2, 30, what="the placed pods ready")
         with pytest.raises(TransientError) as err:
-            backend.ready(dep, deadline_s=1.5)
+            backend.ready(dep, deadline_s=0.5)
         pending = [p for p in cluster.pods(ns, "orchestrator/role=worker") if not p["spec"].get("nodeName")]
         assert len(pending) == 1, "one worker fits the single free GPU"
         message = ("0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match Pod's "
@@ -514,13 +516,18 @@ def test_api_server_semantics_through_the_official_client(kcluster: EmulatedClus
     assert 'pods "missing" not found' in str(err.value)
 
 
-def test_cluster_exit_stops_every_process_even_mid_run() -> None:
+def test_port_forward_from_outside_and_exit_mid_run_stops_every_process() -> None:
     with EmulatedCluster() as cluster:
-        plan = _plan()
+        plan = _plan(access="auto")  # outside the cluster with no URL: the backend port-forwards
         backend, dep, ns = _deploy(cluster, plan, "B")
         backend.ready(dep, deadline_s=45)
+        assert dep.fingerprint.details["access_path"]["mode"] == "port-forward"
+        assert dep.endpoint.url.startswith("http://127.0.0.1:")
+        assert _stream(dep.endpoint.url, dep.endpoint.model, 12)[1] == 12
+        assert cluster.requests("GET", "/portforward") >= 2, "one websocket stream per connection"
         pids = [p["pid"] for p in cluster.live_processes()]
         assert len(pids) == 3
+    # No teardown: leaving the context stops the processes by process group.
     assert not cluster.live_processes()
     for pid in pids:
         assert not _alive(pid)
@@ -557,3 +564,37 @@ def test_timings_are_short(kcluster: EmulatedCluster) -> None:
     assert time.monotonic() - t0 < 15
     api.delete("Deployment", "r", "t")
     kcluster.wait_for(lambda: not kcluster.pods("t"), 10, what="pod gone")
+
+
+def test_vllm_command_lines_are_read_as_vllm_reads_them() -> None:
+    from orchestrator.backends.kubernetes.render import vllm_args
+    from tests.support.kcluster.containers import ContainerError, vllm_launch
+
+    plan = _plan(engine={"kv_cache_dtype": "fp8", "max_num_seqs": 48})
+    node = {"metadata": {"labels": {"nvidia.com/gpu.product": H100}}}
+    pod = {"metadata": {"labels": {"orchestrator/role": "decode"}}}
+
+    def container(args: list[str], gpus: int = 1) -> dict[str, Any]:
+        return {"image": "vllm/vllm-openai:v0.32.0", "command": ["vllm", "serve"], "args": args,
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+
+    launch = vllm_launch(container(vllm_args(plan, plan.arm("B"), 1)), pod, node, "127.77.9.9")
+    argv = launch.argv
+    assert argv[argv.index("--gpu") + 1] == "H100-SXM" and argv[argv.index("--role") + 1] == "decode"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8" and argv[argv.index("--max-num-seqs") + 1] == "48"
+    assert argv[argv.index("--host") + 1] == "127.77.9.9" and argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--served-model-name") + 1] == "qwen3-8b" and argv[argv.index("--model") + 1] == "qwen3-8b"
+
+    cases = {
+        ("Qwen/Qwen3-8B", "--tensor-parallel-size", "2"): (1, "World size (2) is larger than the number of available GPUs (1)"),
+        ("Qwen/Qwen3-8B", "--kv-transfer-config", "{bad"): (2, "argument --kv-transfer-config"),
+        ("Qwen/Qwen3-8B", "--kv-cache-dtype", "fp9"): (2, "argument --kv-cache-dtype: invalid choice: 'fp9'"),
+        ("Qwen/Qwen3-8B", "--max-num-seqs", "many"): (2, "argument --max-num-seqs: invalid int value: 'many'"),
+        ("org/unknown-model",): (1, "org/unknown-model is not a local folder and is not a valid model identifier"),
+        ("Qwen/Qwen3-8B", "--max-num-seqs", "64", "--max-num-batched-tokens", "32"): (
+            1, "max_num_batched_tokens (32) must be greater than or equal to max_num_seqs (64)"),
+    }
+    for args, (code, words) in cases.items():
+        with pytest.raises(ContainerError) as err:
+            vllm_launch(container(list(args)), pod, node, "127.77.9.9")
+        assert err.value.exit_code == code and words in err.value.message, (args, err.value.message)

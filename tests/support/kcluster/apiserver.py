@@ -16,6 +16,7 @@ What it does as a real server does:
   the controller deletes dependents whose owners are all gone), Foreground and Orphan;
 - the pod proxy ``/api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH`` (and the Service proxy)
   forwards for real to the pod's IP; ``pods/NAME/log`` reads the container's log;
+  ``pods/NAME/portforward`` is the websocket stream of ``kubectl port-forward`` (v4.channel.k8s.io);
 - injected faults: N-shot HTTP statuses (403, 409, 429, 500, ...) with real-looking Status bodies.
 
 Approximations: server-side apply has no managedFields (the applier owns what it sends; labels
@@ -28,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import aiohttp.web
@@ -83,6 +86,9 @@ class Store:
     watchers: list[Watcher] = field(default_factory=list)
 
 
+MAX_EVENTS = 1000  # per namespace
+
+
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     """kmock with a real API server's object semantics (module docstring)."""
@@ -95,6 +101,7 @@ class ApiServer(kmock.KubernetesEmulator):
     read_log: Callable[[str, str, str | None, bool], str | None] = lambda ns, pod, c, prev: None
     on_change: Callable[[], None] = lambda: None
     _http: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
+    _events: dict[str, collections.OrderedDict[tuple[Any, str, str], str]] = attrs.field(factory=dict, init=False)
 
     # -- the store, for the controllers (same event loop) ----------------------------------------
 
@@ -190,16 +197,19 @@ class ApiServer(kmock.KubernetesEmulator):
 
     def record_event(self, involved: Obj, reason: str, message: str, type_: str = "Normal",
                      component: str = "kubelet", host: str | None = None) -> Obj:
-        """An Event about ``involved`` (aggregated: the same reason and message count up)."""
+        """An Event about ``involved`` (aggregated: the same reason and message count up; at most
+        ``MAX_EVENTS`` per namespace are kept, the oldest go first, as the API server's TTL does)."""
         meta = involved["metadata"]
         ns = meta.get("namespace") or "default"
-        for ev in self.obj_list("events", ns):
-            io = ev.get("involvedObject") or {}
-            if io.get("uid") == meta.get("uid") and ev.get("reason") == reason and ev.get("message") == message:
-                ev = copy.deepcopy(ev)
-                ev["count"] = ev.get("count", 1) + 1
-                ev["lastTimestamp"] = now()
-                return self.obj_put(ev, "events")
+        index = self._events.setdefault(ns, collections.OrderedDict())
+        ident = (meta.get("uid"), reason, message)
+        name = index.get(ident)
+        ev = self.obj_get("events", ns, name) if name else None
+        if ev is not None:
+            ev = copy.deepcopy(ev)
+            ev["count"] = ev.get("count", 1) + 1
+            ev["lastTimestamp"] = now()
+            return self.obj_put(ev, "events")
         stamp = now()
         ev = {
             "apiVersion": "v1", "kind": "Event",
@@ -212,6 +222,10 @@ class ApiServer(kmock.KubernetesEmulator):
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
             "reportingComponent": component, "reportingInstance": host or "",
         }
+        index[ident] = ev["metadata"]["name"]
+        while len(index) > MAX_EVENTS:
+            _, old = index.popitem(last=False)
+            self.obj_remove("events", ns, old)
         return self.obj_create(ev, "events")
 
     # -- internals --------------------------------------------------------------------------------
@@ -319,6 +333,8 @@ class ApiServer(kmock.KubernetesEmulator):
             return await self._proxy(request, route)
         if route.sub == "log" and res.plural == "pods":
             return self._log(route, params)
+        if route.sub == "portforward" and res.plural == "pods":
+            return await self._portforward(request, route)
         if route.name is None:
             if method == "GET":
                 if params.get("watch") in ("true", "1"):
@@ -572,6 +588,62 @@ class ApiServer(kmock.KubernetesEmulator):
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: dial tcp {ip}:{port}: "
                            f"connect: {getattr(e, 'strerror', None) or 'connection refused'}") from e
+
+    async def _portforward(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
+        """``kubectl port-forward``'s stream (the official client's ``portforward``): a websocket
+        (v4.channel.k8s.io) whose channel 2i carries port i's bytes and 2i+1 its errors; each
+        channel's first frame is the port number (2 bytes, little endian)."""
+        pod = self.obj_get("pods", route.namespace, route.name or "")
+        if pod is None:
+            raise not_found(route.res, route.name or "")
+        ip = (pod.get("status") or {}).get("podIP")
+        raw = request._raw_request
+        ports = [int(p) for v in raw.query.getall("ports", []) for p in v.split(",") if p.strip()]
+        if not ports or not ip:
+            raise ApiError(400, "BadRequest", "query parameter \"port\" is required" if not ports
+                           else f'pod "{route.name}" has no IP address yet')
+        ws = aiohttp.web.WebSocketResponse(protocols=("v4.channel.k8s.io", "channel.k8s.io"))
+        await ws.prepare(raw)
+        writers: dict[int, asyncio.StreamWriter] = {}
+        pumps = []
+
+        async def pump(i: int, reader: asyncio.StreamReader) -> None:
+            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+                while chunk := await reader.read(65536):
+                    await ws.send_bytes(bytes((2 * i,)) + chunk)
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.close()
+
+        for i, port in enumerate(ports):
+            head = port.to_bytes(2, "little")
+            await ws.send_bytes(bytes((2 * i,)) + head)
+            await ws.send_bytes(bytes((2 * i + 1,)) + head)
+            try:
+                reader, writers[i] = await asyncio.open_connection(ip, port)
+            except OSError as e:
+                await ws.send_bytes(bytes((2 * i + 1,)) + (
+                    f"error forwarding port {port} to pod {route.name}, uid : failed to connect to "
+                    f"localhost:{port} inside namespace: {e.strerror or e}").encode())
+                continue
+            pumps.append(asyncio.get_running_loop().create_task(pump(i, reader)))
+        try:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
+                    continue
+                w = writers.get(msg.data[0] // 2)
+                if w is not None and msg.data[0] % 2 == 0:
+                    w.write(msg.data[1:])
+                    await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for w in writers.values():
+                with contextlib.suppress(Exception):
+                    w.close()
+            for t in pumps:
+                t.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+        return ws
 
     async def aclose(self) -> None:
         self.close_watches()

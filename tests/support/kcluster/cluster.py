@@ -215,8 +215,10 @@ class EmulatedCluster:
         """Stop every process started (by process group), close relays and the API server."""
         if self._loop is None or self._thread is None:
             return
+        stop_event = getattr(self, "_stop", None)
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._stop.set)
+            if stop_event is not None:
+                self._loop.call_soon_threadsafe(stop_event.set)
         self._thread.join(30)
         for proc, *_ in self.started_processes:  # belt and braces: nothing may outlive the cluster
             if proc.poll() is None:
