@@ -22,6 +22,7 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e,
 # and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine).
@@ -47,4 +48,4 @@ test-vllm: vllm
 	$(PY) -m pytest -m vllm
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

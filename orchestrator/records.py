@@ -63,11 +63,19 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float:
         """(last - first) / (usage output tokens - 1); +inf when unfinished; 0 for one token."""
-        if not self.finished or self.first_token_s is None or not self.output_tokens:
+        if (not self.finished or self.last_token_s is None or self.first_token_s is None
+                or not self.output_tokens):
             return math.inf
         if self.output_tokens <= 1:
             return 0.0
-        return (self.last_token_s - self.first_token_s) / (self.output_tokens - 1)  # type: ignore[operator]
+        return (self.last_token_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def e2e_s(self) -> float:
+        """Last token minus *scheduled* send; +inf when unfinished."""
+        if not self.finished or self.last_token_s is None:
+            return math.inf
+        return self.last_token_s - self.scheduled_s
 
     @property
     def send_lag_s(self) -> float | None:

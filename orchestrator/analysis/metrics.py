@@ -157,7 +157,7 @@ def point_metrics(
         return np.concatenate([np.asarray(values, dtype=np.float64), pad])
 
     def e2e(r: RequestRecord) -> float:
-        return r.last_token_s - r.scheduled_s if r.finished else math.inf  # type: ignore[operator]
+        return r.e2e_s
 
     def gap(r: RequestRecord) -> float:
         if not r.finished:

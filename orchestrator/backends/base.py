@@ -97,7 +97,8 @@ class Fingerprint:
 
     def observed(self, **changes: Any) -> Fingerprint:
         """A copy with what was observed after deploy (tuples sorted)."""
-        clean = {k: tuple(sorted(set(v))) if isinstance(v, list | set | tuple) else v for k, v in changes.items()}
+        clean: dict[str, Any] = {
+            k: tuple(sorted(set(v))) if isinstance(v, list | set | tuple) else v for k, v in changes.items()}
         return replace(self, **clean)
 
     def compared_value(self, name: str) -> str:

@@ -341,7 +341,7 @@ def render_arm(
             argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_config)
             if share.affinity is not None:
                 argv = (TASKSET, "-c", share.affinity, *argv)
-            spec = ProcessSpec(name=f"{role}-{i}", role=role,  # type: ignore[arg-type]
+            spec = ProcessSpec(name=f"{role}-{i}", role=role,
                                argv=argv, env=tuple(sorted(env.items())), port=port)
             engines.append(spec)
             urls[role].append(spec.url)
@@ -436,6 +436,7 @@ def _check_gpus(arm: Arm, arm_name: str, device: Device) -> None:
             f"arm {arm_name} needs {arm.gpus} GPUs; this machine has {device.gpus}: "
             "lower replicas or tp, or use the kubernetes backend"
         )
+    assert arm.gpu is not None  # plan validation: a provisioned arm names its GPU (external ones were refused)
     labels = [lbl.lower().replace("-", " ") for lbl in GPUS[arm.gpu].node_labels]
     have = device.name.lower().replace("-", " ")
     if device.name and not any(have.startswith(lbl) or lbl.startswith(have) for lbl in labels):

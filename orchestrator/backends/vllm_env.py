@@ -139,9 +139,9 @@ class VllmEnv:
         }
 
 
-def _run(cmd: list[str], **kw: object) -> None:
+def _run(cmd: list[str]) -> None:
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+    subprocess.run(cmd, check=True)
 
 
 def build_venv(env: VllmEnv, python: str = sys.executable) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import cast
 
 import typer
 
@@ -30,11 +30,11 @@ def calibrate_cmd(
     if client not in ("aiohttp", "httpx"):
         raise UserError(f"--client must be aiohttp or httpx (got {client!r})")
     from orchestrator.loadgen.calibrate import calibrate
+    from orchestrator.loadgen.client import Api, ClientKind
 
-    api_: Literal["completions", "chat"] = api  # type: ignore[assignment]
     result = calibrate(
         output_tokens=output_tokens, prompt_tokens=prompt_tokens, tokens_per_chunk=tokens_per_chunk,
-        api=api_, client=client, step_s=step_s, start_rate=start_rate, max_lag_p99_s=max_lag_ms / 1000,
+        api=cast(Api, api), client=cast(ClientKind, client),  # both checked above step_s=step_s, start_rate=start_rate, max_lag_p99_s=max_lag_ms / 1000,
     )
     if as_json:
         emit_json(result.to_dict())

@@ -7,6 +7,7 @@ The report package (pandas, matplotlib) and the store are imported inside the co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import typer
 
@@ -63,12 +64,13 @@ def export(
         if fmt == "llmd":
             from orchestrator.report.llmd import export_llmd
 
-            files = {"reports": [str(p) for p in export_llmd(data, out)]}
+            files: dict[str, str | list[str]] = {"reports": [str(p) for p in export_llmd(data, out)]}
             counts = {"reports": len(files["reports"])}
         else:
-            from orchestrator.report.export import write_tables
+            from orchestrator.report.export import TableFormat, write_tables
 
-            written = write_tables(data, out, fmt)  # type: ignore[arg-type]
+            # The rest of EXPORT_FORMATS (checked above); write_tables checks again.
+            written = write_tables(data, out, cast(TableFormat, fmt))
             files = {k: str(path) for k, (path, _) in written.items()}
             counts = {k: n for k, (_, n) in written.items()}
     if as_json:

@@ -183,7 +183,7 @@ def status(
 
     with Store.open() as store:
         exps = [store.get_experiment(experiment)] if experiment else store.list_experiments()
-        docs = []
+        docs: list[dict[str, Any]] = []
         for e in exps:
             runs = store.runs(e.id)
             plan = plan_from_canonical(store.get_registration(e.registration_id).canonical_json)

@@ -82,7 +82,7 @@ def serve(
             raise UserError(str(e)) from e
         if kv_cache_dtype not in ("auto", "fp8"):
             raise UserError("--kv-cache-dtype must be auto or fp8")
-        engine = EngineConfig(kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,  # type: ignore[arg-type]
+        engine = EngineConfig(kv_cache_dtype=kv_cache_dtype, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
                               prefix_caching=not no_prefix_caching)
         spec = MODELS[model]
@@ -111,7 +111,7 @@ async def _serve(config: ServeConfig, host: str, port: int) -> None:
     except OSError as e:
         await runner.cleanup()
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    bound = runner.addresses[0][1]  # the one site's first socket: (host, port, ...)
     sys.stderr.write(f"ready on http://{host}:{bound}\n")
     sys.stderr.flush()
     stop = asyncio.Event()
@@ -148,7 +148,7 @@ def simulate(
         for cls, p in arm.classes.items():
             rate = f"{p.at_rate:.3g} req/s" if p.at_rate is not None else "no passing rate"
             say(f"  {cls:<12} capacity {p.capacity_tok_s:9.0f} tok/s at {rate}"
-                + (f" (censored {p.censored})" if p.censored != "none" else ""))
+                + (f" (censored {p.censored})" if p.censored is not None else ""))
     for b in result.bars:
         j = b.judgement
         say(f"bar {b.id}: predicted {j.verdict}, B/A {j.estimate:.3f} [{j.lower:.3f}, {j.upper:.3f}] over "

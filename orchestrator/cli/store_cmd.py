@@ -94,7 +94,7 @@ def capacity(
             drawn = plot_capacity_history(store, frame, plot, since_days=since)
     if as_json:
         rows = [{k: _cell(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
-        doc = {"filters": {k: v for k, v in filters.items() if v is not None}, "rows": rows}
+        doc: dict[str, Any] = {"filters": {k: v for k, v in filters.items() if v is not None}, "rows": rows}
         if plot is not None:
             doc["plot"] = str(drawn.resolve()) if drawn else None
         emit_json(doc)
@@ -111,14 +111,15 @@ def _print_table(frame: pd.DataFrame) -> None:
     """A rich table: one line per configuration and class, best first within a class. Piped
     output (not a terminal) gets a wide console, so long configuration labels do not wrap."""
     import pandas as pd
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     table = Table(title="capacity by configuration (valid runs; goodput tok/s at >= 90% attainment)",
                   title_justify="left", header_style="bold")
-    for name, justify in (("class", "left"), ("model", "left"), ("configuration", "left"),
-                          ("runs", "right"), ("median tok/s", "right"), ("p25-p75", "right"),
-                          ("spread", "right"), ("last measured", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("class", "left"), ("model", "left"), ("configuration", "left"), ("runs", "right"),
+        ("median tok/s", "right"), ("p25-p75", "right"), ("spread", "right"), ("last measured", "left"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=name != "configuration")
     previous = None
     for r in frame.itertuples(index=False):

@@ -157,5 +157,5 @@ def connect(address: str | None) -> None:
 
 def controller(db_url: str, state_root: str):
     """The cluster's controller actor, started (detached) if it does not exist yet."""
-    return Controller.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
+    return Controller.options(name=NAME, namespace=NAMESPACE, lifetime="detached",  # type: ignore[attr-defined]  # ray.remote turns the class into an ActorClass at runtime; mypy ignores class decorators
                               get_if_exists=True).remote(db_url, state_root)

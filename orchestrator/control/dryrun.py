@@ -133,9 +133,9 @@ class ArmSimulator:
         s = self.plan.search
         search = CapacitySearch(s.rate.min, s.rate.max, self.windows.precision, s.attainment, s.max_points,
                                 prior=prior)
-        for rate, m in list(self.points.items()):
+        for seen, m in list(self.points.items()):
             c = m.per_class[cls]
-            search.observe(rate, c.attainment, c.goodput_tok_s)
+            search.observe(seen, c.attainment, c.goodput_tok_s)
         while (rate := search.next_rate()) is not None:
             c = self.point(rate).per_class[cls]
             search.observe(rate, c.attainment, c.goodput_tok_s)
@@ -181,7 +181,7 @@ class ClassPrediction:
     attainment: float | None
     points_used: int
     converged: bool
-    censored: str
+    censored: str | None  # None, below_min, above_max or at_ceiling (CapacityResult's)
     curve: tuple[tuple[float, float], ...]  # (efficiency, capacity) of the noise grid
 
     def at(self, efficiency: float) -> float:
@@ -192,7 +192,7 @@ class ClassPrediction:
 @dataclass(frozen=True)
 class ArmPrediction:
     gpus: int
-    layout: str
+    layout: str | None  # the arm's layout (None only for an external arm)
     classes: dict[str, ClassPrediction]
     points_per_run: int
     run_wall_s: float  # one run: deploy + every point
@@ -334,8 +334,8 @@ def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Seq
             # A good prior: the knee moves with the efficiency.
             priors = {c: _rate_of(r, plan) * eff for c, r in results.items()}
             res = sim.search_all(priors)
-        for c, r in res.items():
-            curves[c].append((eff, r.capacity))
+        for c, cap in res.items():
+            curves[c].append((eff, cap.capacity))
         for rate in bar_rates:
             m = sim.point(rate)
             fixed[rate].append((eff, {c: (v.goodput_tok_s, v.attainment) for c, v in m.per_class.items()}))

@@ -6,7 +6,14 @@ import sys
 from typing import Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 class ProgressSink(Protocol):
@@ -66,8 +73,8 @@ class RichProgress(PlainProgress):
             console=self.console, transient=True,
         )
         self.bar.start()
-        self.block_task = None
-        self.point_task = None
+        self.block_task: TaskID | None = None
+        self.point_task: TaskID | None = None
 
     def _say(self, line: str) -> None:
         self.bar.console.print(line, highlight=False, markup=False)

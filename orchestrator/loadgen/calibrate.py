@@ -13,7 +13,9 @@ import asyncio
 import math
 import os
 import platform
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
+from typing import Any, ParamSpec
 
 from orchestrator.loadgen.client import Api, ClientKind
 from orchestrator.loadgen.null_server import NullServerConfig, NullServerProcess
@@ -22,6 +24,7 @@ from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
 from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan.workload import OpenLoop, Workload
 
+P = ParamSpec("P")
 
 @dataclass
 class CalibrationStep:
@@ -157,6 +160,12 @@ async def calibrate_async(
     )
 
 
-def calibrate(**kwargs: object) -> Calibration:
-    """Blocking ``calibrate_async``."""
-    return asyncio.run(calibrate_async(**kwargs))  # type: ignore[arg-type]
+def _blocking(fn: Callable[P, Coroutine[Any, Any, Calibration]]) -> Callable[P, Calibration]:
+    def run(*args: P.args, **kwargs: P.kwargs) -> Calibration:
+        return asyncio.run(fn(*args, **kwargs))
+
+    run.__doc__ = f"Blocking ``{fn.__name__}`` (same arguments)."
+    return run
+
+
+calibrate = _blocking(calibrate_async)

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, Literal, Protocol
 
 import aiohttp
@@ -277,7 +277,7 @@ def new_record(spec: RequestSpec, phase: str, scheduled_s: float) -> RequestReco
     )
 
 
-def check_lengths(requests: Sequence[RequestSpec], offsets: Sequence[float], phases: Sequence[str]) -> None:
+def check_lengths(requests: Sequence[RequestSpec], offsets: Sized, phases: Sequence[str]) -> None:
     if not (len(requests) == len(offsets) == len(phases)):
         raise ValueError(
             f"requests ({len(requests)}), offsets ({len(offsets)}) and phases ({len(phases)}) differ in length"

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import cast
 
 from orchestrator.loadgen.workloads import VOCAB
 
@@ -117,7 +118,8 @@ class _NullProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # A stream server's transport: asyncio's signature names the base class only.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -157,8 +159,8 @@ class _NullProtocol(asyncio.Protocol):
             elif path == "/health":
                 self._plain("200 OK", "text/plain", b"")
             elif path == "/v1/models":
-                doc = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
-                self._plain("200 OK", "application/json", json.dumps(doc).encode())
+                models = {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+                self._plain("200 OK", "application/json", json.dumps(models).encode())
             else:
                 self._plain("404 Not Found", "application/json", b'{"error":"not found"}')
             return

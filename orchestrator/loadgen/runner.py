@@ -84,18 +84,20 @@ def summarize(records: Sequence[RequestRecord], started_at: float, client: str =
     for r in records:
         by_status[r.status] = by_status.get(r.status, 0) + 1
     sent = [r for r in records if r.sent_s is not None]
-    lags = np.array([r.sent_s - r.scheduled_s for r in sent]) if sent else np.array([math.nan])  # type: ignore[operator]
+    sent_at = [r.sent_s for r in records if r.sent_s is not None]
+    lags = (np.array([t - r.scheduled_s for r, t in zip(sent, sent_at, strict=True)]) if sent
+            else np.array([math.nan]))
     chunks = sum(r.chunks for r in records)
     ends = [r.last_token_s for r in records if r.last_token_s is not None]
-    first_send = min((r.sent_s for r in sent), default=started_at)  # type: ignore[type-var]
-    end = max([*ends, *(r.sent_s for r in sent)], default=first_send)  # type: ignore[type-var]
+    first_send = min(sent_at, default=started_at)
+    end = max([*ends, *sent_at], default=first_send)
     duration = max(0.0, end - first_send)
     return PointSummary(
         scheduled=len(records),
         sent=len(sent),
         by_status=by_status,
         offered_rate=_rate([r.scheduled_s for r in records]),
-        achieved_rate=_rate([r.sent_s for r in sent]),  # type: ignore[misc]
+        achieved_rate=_rate(sent_at),
         send_lag_p50_s=float(np.percentile(lags, 50)),
         send_lag_p99_s=float(np.percentile(lags, 99)),
         send_lag_max_s=float(np.max(lags)),
@@ -118,7 +120,6 @@ class _Batcher:
         self.buf: list[RequestRecord] = []
         self.all: list[RequestRecord] = []
         self.queue: asyncio.Queue[list[RequestRecord] | None] = asyncio.Queue()
-        self.is_async = sink is not None and inspect.iscoroutinefunction(sink)
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -138,10 +139,12 @@ class _Batcher:
             self.buf = []
 
     async def _deliver(self, batch: list[RequestRecord]) -> None:
-        if self.is_async:
-            await self.sink(batch)  # type: ignore[misc]
+        sink = self.sink
+        assert sink is not None  # add() queues batches only when there is a sink
+        if inspect.iscoroutinefunction(sink):
+            await sink(batch)
         else:
-            await asyncio.to_thread(self.sink, batch)  # type: ignore[arg-type]
+            await asyncio.to_thread(sink, batch)
 
     async def _run(self) -> None:
         while True:

@@ -79,7 +79,7 @@ def run_point_sharded(
         raise ValueError("run_point_sharded needs a synchronous sink")
     offs = np.asarray(offsets, dtype=np.float64)
     parts = split_shards(len(requests), shards)
-    actors = [LoadShard.remote() for _ in range(shards)]  # type: ignore[attr-defined]
+    actors = [LoadShard.remote() for _ in range(shards)]  # type: ignore[attr-defined]  # ray.remote turns the class into an ActorClass at runtime; mypy ignores class decorators
     ray.get([a.ping.remote() for a in actors])  # all up before the clock is set
     start_at = time.time() + start_delay_s
     kw = {**kwargs, "start_at": start_at, "flush_s": flush_s}

@@ -111,6 +111,7 @@ class PoolSpec(StrictModel):
 
 
 # Fields that provision an arm: an external arm (already running) sets none of them.
+PoolRole = Literal["worker", "prefill", "decode"]  # the keys of Arm.pools()
 PROVISIONING_FIELDS = ("gpu", "layout", "replicas", "tp", "prefill", "decode", "kv_connector", "engine", "router")
 
 
@@ -243,7 +244,7 @@ class Arm(StrictModel):
         assert self.prefill and self.decode
         return self.prefill.replicas * self.prefill.tp + self.decode.replicas * self.decode.tp
 
-    def pools(self) -> dict[str, PoolSpec]:
+    def pools(self) -> dict[PoolRole, PoolSpec]:
         """Role -> pool: {'worker': ...} when colocated, {'prefill': ..., 'decode': ...} otherwise.
         An external arm: one pool of its labelled replicas (what the prefix-hit estimate needs)."""
         if self.endpoint is not None:

@@ -33,8 +33,10 @@ def _resolve_class(v: Any) -> Any:
     return v
 
 
-ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
-ClassName = Literal[tuple(SERVICE_CLASSES)]  # type: ignore[valid-type]
+# Built from the catalogs at runtime, for the JSON schema only (never an annotation): a value of
+# type Any to a type checker, which cannot read a Literal made from a dict's keys.
+ModelName: Any = Literal[tuple(MODELS)]
+ClassName: Any = Literal[tuple(SERVICE_CLASSES)]
 # The schema shows both forms a user may write: a catalog name or a full spec.
 ModelRef = Annotated[
     ModelSpec, BeforeValidator(_resolve_model, json_schema_input_type=ModelName | ModelSpec)

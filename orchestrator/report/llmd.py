@@ -19,7 +19,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -33,7 +33,11 @@ from orchestrator.report.data import ExperimentData
 from orchestrator.store import RunInfo, config_columns
 
 ERRORS = ("http_error", "disconnect", "timeout")
-DIST = {"fixed": "fixed", "normal": "gaussian", "uniform": "random", "lognormal": "other"}
+DIST: dict[str, Literal["fixed", "gaussian", "random", "other"]] = {
+    "fixed": "fixed", "normal": "gaussian", "uniform": "random", "lognormal": "other"}
+# Arm.pools() role -> the format's engine role.
+ROLE: dict[str, Literal["replica", "prefill", "decode"]] = {
+    "worker": "replica", "prefill": "prefill", "decode": "decode"}
 
 
 def _sha(*parts: object, n: int = 32) -> str:
@@ -97,7 +101,7 @@ def stack(plan: Plan, run: RunInfo) -> list[br.Component]:
     gpu = str(fp.get("gpu_type") or arm.gpu or "")
     out = []
     for role, pool in arm.pools().items():
-        std_role = "replica" if role == "worker" else role
+        std_role = ROLE[role]
         for i in range(pool.replicas):
             out.append(br.Component(
                 metadata=br.ComponentMetadata(
@@ -161,7 +165,7 @@ def request_performance(records: list[RequestRecord], n_scheduled: int, window_s
     in_tokens = sum(r.prompt_tokens for r in fin)
 
     def ntpot(r: RequestRecord) -> float:
-        return (r.last_token_s - r.scheduled_s) / r.output_tokens if r.output_tokens else math.nan  # type: ignore[operator]
+        return r.e2e_s / r.output_tokens if r.output_tokens else math.nan
 
     return br.RequestPerformance(aggregate=br.AggregateRequestPerformance(
         requests=br.AggregateRequests(
@@ -173,7 +177,7 @@ def request_performance(records: list[RequestRecord], n_scheduled: int, window_s
             time_to_first_token=_stats([r.ttft_s for r in fin], "s"),
             time_per_output_token=_stats([r.tpot_s for r in fin], "s/token"),
             normalized_time_per_output_token=_stats([ntpot(r) for r in fin], "s/token"),
-            request_latency=_stats([r.last_token_s - r.scheduled_s for r in fin], "s"),  # type: ignore[operator]
+            request_latency=_stats([r.e2e_s for r in fin], "s"),
         ),
         throughput=br.AggregateThroughput(
             input_token_rate=_one(in_tokens / w, "tokens/s"),

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-VERSION = "0.2"
+VERSION: Literal["0.2"] = "0.2"
 UNITS_QUANTITY = ("count",)
 UNITS_TIME = ("ms", "s")
 UNITS_GEN_LATENCY = ("ms/token", "s/token")

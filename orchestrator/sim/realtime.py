@@ -15,7 +15,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.sim.engine import ClusterSpec, Router, Sequence, Worker, block_hashes
+from orchestrator.sim.engine import ClusterSpec, Sequence, Worker, block_hashes
+from orchestrator.sim.model import WorkerModel
 
 # Beyond this lateness the timeline restarts from now instead of trying to catch up.
 MAX_CATCH_UP_S = 0.050
@@ -119,20 +120,18 @@ class SimCluster:
                  on_timing: TimingSink | None = None, spin_s: float = 0.0):
         self.role = role
         self.disaggregated = cluster.disaggregated
-        kw = dict(link_bytes_s=cluster.link_bytes_s, stall_every_steps=cluster.stall_every_steps,
-                  stall_s=cluster.stall_s, track_emissions=True)
-        rk = dict(cache_threshold=cluster.cache_threshold, balance_abs_threshold=cluster.balance_abs_threshold)
+        def worker(m: WorkerModel, name: str) -> RealtimeWorker:
+            return RealtimeWorker(cluster.worker(m, name, track_emissions=True), on_step, on_timing, spin_s)
+
+        self.back: list[RealtimeWorker]
         if cluster.disaggregated:
-            self.front = [RealtimeWorker(Worker(m, name=f"prefill-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
-                          for i, m in enumerate(cluster.prefill)]
-            self.back = [RealtimeWorker(Worker(m, name=f"decode-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
-                         for i, m in enumerate(cluster.decode)]
+            self.front = [worker(m, f"prefill-{i}") for i, m in enumerate(cluster.prefill)]
+            self.back = [worker(m, f"decode-{i}") for i, m in enumerate(cluster.decode)]
         else:
-            self.front = [RealtimeWorker(Worker(m, name=f"worker-{i}", **kw), on_step, on_timing, spin_s)  # type: ignore[arg-type]
-                          for i, m in enumerate(cluster.workers)]
+            self.front = [worker(m, f"worker-{i}") for i, m in enumerate(cluster.workers)]
             self.back = []
-        self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]
-        self.router_back = Router(cluster.policy, max(1, len(self.back)), seed=seed + 1, **rk)  # type: ignore[arg-type]
+        self.router = cluster.router(len(self.front), seed)
+        self.router_back = cluster.router(max(1, len(self.back)), seed + 1)
 
     @property
     def workers(self) -> list[Worker]:

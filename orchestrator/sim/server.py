@@ -18,6 +18,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +124,7 @@ class SimServer:
         self.registry.register(_Collector(self))
         self.finished = 0
         self.received = 0
-        self.on_die = lambda: os._exit(1)
+        self.on_die: Callable[[], object] = lambda: os._exit(1)
         self.app = web.Application()
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/v1/models", self.models)
@@ -340,7 +341,7 @@ class SimServerHandle:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._runner.addresses[0][1]  # the one site's first socket: (host, port, ...)
 
     async def _die(self) -> None:
         if self._runner:

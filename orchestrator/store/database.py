@@ -8,6 +8,7 @@ directory, created and migrated on first use.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -48,9 +49,9 @@ def _normalise(url: str) -> str:
     return url
 
 
-def _on_sqlite_connect(dbapi_conn: object, _record: object) -> None:
+def _on_sqlite_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
     # SQLite ignores foreign keys (and so ON DELETE CASCADE) unless asked, per connection.
-    cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    cur = dbapi_conn.cursor()
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=10000")

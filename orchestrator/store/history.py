@@ -64,7 +64,7 @@ def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.Colu
     return out
 
 
-def _counted_conditions(since_days: float, **filters: Any) -> list[sa.ColumnElement[bool]]:
+def _counted_conditions(since_days: float, **filters: Any) -> list[sa.ColumnExpressionArgument[bool]]:
     """WHERE clauses of the time-ranged aggregate, on the capacities' own copies of their run's
     validity and end time (one range of ix_capacities_counted_measured_at, no join to runs)."""
     return [
@@ -134,7 +134,7 @@ def _from_summaries(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
         return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
 
 
-def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnElement[bool]]) -> pd.DataFrame:
+def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
     dc = DeploymentConfig
     stmt = (
         sa.select(

@@ -16,6 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import KeyedColumnElement
 
 from orchestrator.errors import PermanentError
 from orchestrator.records import RECORD_FIELDS, RequestRecord
@@ -28,7 +29,7 @@ _PG_TYPES = {
 SQLITE_BATCH = 5000
 
 
-def _pg_type(column: sa.Column[Any]) -> str:
+def _pg_type(column: KeyedColumnElement[Any]) -> str:
     for typ, name in _PG_TYPES.items():
         if type(column.type) is typ:
             return name
@@ -89,12 +90,13 @@ def _copy(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]]) -> 
     n = 0
     with engine.begin() as conn:
         dbapi = conn.connection.driver_connection
-        with dbapi.cursor() as cur:  # type: ignore[union-attr]
+        assert dbapi is not None  # an open connection has its driver's (psycopg) connection
+        with dbapi.cursor() as cur:
             # the point cannot be deleted until this batch commits (nor can its requests orphan)
             cur.execute("SELECT 1 FROM load_points WHERE id = %s FOR KEY SHARE", (point_id,))
             if cur.fetchone() is None:
                 raise _unknown(point_id)
-        with dbapi.cursor() as cur, cur.copy(COPY_SQL) as copy:  # type: ignore[union-attr]
+        with dbapi.cursor() as cur, cur.copy(COPY_SQL) as copy:
             copy.set_types(COPY_TYPES)
             write = copy.write_row
             for row in rows:
@@ -108,7 +110,9 @@ def _executemany(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...
     sql = f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({placeholders})"
     n = 0
     with engine.begin() as conn:
-        cur = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        dbapi = conn.connection.driver_connection
+        assert dbapi is not None  # an open connection has its driver's (sqlite3) connection
+        cur = dbapi.cursor()
         try:
             # SQLite's one writer at a time keeps the point from going away during the batch
             if cur.execute("SELECT 1 FROM load_points WHERE id = ?", (point_id,)).fetchone() is None:

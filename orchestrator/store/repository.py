@@ -292,7 +292,9 @@ class Store:
                 return row.id
         except IntegrityError:
             with self._sessions() as s:
-                return s.scalar(query)  # type: ignore[return-value]
+                found = s.scalar(query)
+            assert found is not None  # the unique key we collided with: another writer's row
+            return found
 
     def start_run(
         self, experiment_id: int, arm: str, block: int, position: int, attempt: int, config_id: int

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrator.plan import GPUS, Arm, ModelSpec, RouterConfig, SimSettings
+from orchestrator.sim.engine.routing import Router
+from orchestrator.sim.engine.worker import Worker
 from orchestrator.sim.model import WorkerModel
 
 
@@ -32,6 +34,17 @@ class ClusterSpec:
         """GPUs the cluster occupies."""
         return sum(w.tp for w in (*self.workers, *self.prefill, *self.decode))
 
+    def worker(self, model: WorkerModel, name: str, track_emissions: bool = False) -> Worker:
+        """A worker of this cluster (its KV link and stalls)."""
+        return Worker(model, name=name, link_bytes_s=self.link_bytes_s,
+                      stall_every_steps=self.stall_every_steps, stall_s=self.stall_s,
+                      track_emissions=track_emissions)
+
+    def router(self, n_workers: int, seed: int) -> Router:
+        """A router of this cluster's policy over ``n_workers`` workers."""
+        return Router(self.policy, n_workers, seed=seed, cache_threshold=self.cache_threshold,
+                      balance_abs_threshold=self.balance_abs_threshold)
+
 
 def cluster_for_arm(
     model: ModelSpec,
@@ -43,6 +56,7 @@ def cluster_for_arm(
 ) -> ClusterSpec:
     """The simulated cluster of a plan's arm (noise: pass the run's ``efficiency_scale``)."""
     sim = sim or SimSettings()
+    assert arm.gpu is not None, "a simulated arm names its GPU (only an external arm has none)"
     gpu = GPUS[arm.gpu]
 
     def pool(replicas: int, tp: int) -> tuple[WorkerModel, ...]:
@@ -50,7 +64,7 @@ def cluster_for_arm(
         return (w,) * replicas
 
     link = gpu.nvlink_bytes_s if sim.kv_link == "nvlink" else sim.rdma_bytes_s
-    common = dict(
+    common = ClusterSpec(
         policy=router.policy,
         cache_threshold=router.cache_threshold,
         balance_abs_threshold=router.balance_abs_threshold,
@@ -59,10 +73,10 @@ def cluster_for_arm(
         stall_s=sim.stall_ms / 1000.0 if with_faults else 0.0,
     )
     if arm.layout == "colocated":
-        return ClusterSpec(workers=pool(arm.replicas or 1, arm.tp), **common)  # type: ignore[arg-type]
+        return replace(common, workers=pool(arm.replicas or 1, arm.tp))
     assert arm.prefill and arm.decode
-    return ClusterSpec(
+    return replace(
+        common,
         prefill=pool(arm.prefill.replicas, arm.prefill.tp),
         decode=pool(arm.decode.replicas, arm.decode.tp),
-        **common,  # type: ignore[arg-type]
     )

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from orchestrator.records import RequestRecord
 from orchestrator.sim.engine.cache import PromptHasher
@@ -21,19 +21,31 @@ from orchestrator.sim.engine.routing import Router
 from orchestrator.sim.engine.worker import Sequence as Seq
 from orchestrator.sim.engine.worker import Worker
 
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
 ARRIVE, STEP_END, WAKE, USER = range(4)
 
 
 class RequestLike(Protocol):
     """What the engine reads of a request (orchestrator.loadgen.workloads.RequestSpec)."""
 
-    request_id: int
-    conversation_id: int
-    turn: int
-    prompt: str
-    prompt_tokens: int
-    max_tokens: int
-    prompt_hash: str
+    # Read-only (properties), so that frozen dataclasses such as RequestSpec satisfy it.
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def conversation_id(self) -> int: ...
+    @property
+    def turn(self) -> int: ...
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def prompt_hash(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -82,29 +94,25 @@ def output_hash(seed: int, request_id: int, frozen: bool = False) -> str:
     return hashlib.sha256(key).hexdigest()[:16]
 
 
+def _no_users(user: int, t: float) -> None:  # an open loop has no users
+    raise NotImplementedError
+
+
 class _Run:
     def __init__(self, cluster: ClusterSpec, requests: Sequence[RequestLike], seed: int):
         self.cluster = cluster
         self.requests = requests
         self.seed = seed
-        kw = dict(
-            link_bytes_s=cluster.link_bytes_s,
-            stall_every_steps=cluster.stall_every_steps,
-            stall_s=cluster.stall_s,
-        )
-        rk = dict(
-            cache_threshold=cluster.cache_threshold,
-            balance_abs_threshold=cluster.balance_abs_threshold,
-        )
+        self.back: list[Worker]
         if cluster.disaggregated:
-            self.front = [Worker(m, name=f"prefill-{i}", **kw) for i, m in enumerate(cluster.prefill)]  # type: ignore[arg-type]
-            self.back = [Worker(m, name=f"decode-{i}", **kw) for i, m in enumerate(cluster.decode)]  # type: ignore[arg-type]
-            self.router_back: Router | None = Router(cluster.policy, len(self.back), seed=seed + 1, **rk)  # type: ignore[arg-type]
+            self.front = [cluster.worker(m, f"prefill-{i}") for i, m in enumerate(cluster.prefill)]
+            self.back = [cluster.worker(m, f"decode-{i}") for i, m in enumerate(cluster.decode)]
+            self.router_back: Router | None = cluster.router(len(self.back), seed + 1)
         else:
-            self.front = [Worker(m, name=f"worker-{i}", **kw) for i, m in enumerate(cluster.workers)]  # type: ignore[arg-type]
+            self.front = [cluster.worker(m, f"worker-{i}") for i, m in enumerate(cluster.workers)]
             self.back = []
             self.router_back = None
-        self.router = Router(cluster.policy, len(self.front), seed=seed, **rk)  # type: ignore[arg-type]
+        self.router = cluster.router(len(self.front), seed)
         self.workers = self.front + self.back
         self.busy = [False] * len(self.workers)
         self.wake_at: list[float | None] = [None] * len(self.workers)
@@ -115,7 +123,9 @@ class _Run:
         self.records: dict[int, RequestRecord] = {}
         self.front_seq: dict[int, Seq] = {}
         self.outstanding = 0
-        self.on_done = None  # closed loop: callback(index, time)
+        self.on_done: Callable[[int, float], None] | None = None  # closed loop: callback(index, time)
+        self.user_next: Callable[[int, float], None] = _no_users  # closed loop: a user's next send
+        self.user_of: dict[int, int] = {}  # closed loop: request index -> user
 
     def push(self, t: float, kind: int, a: int) -> None:
         self.n_ev += 1
@@ -169,7 +179,7 @@ class _Run:
         self.busy[wi] = False
         res = self.workers[wi].end_step(now)
         for seq in res.finished:
-            i, w_from = seq.tag  # type: ignore[misc]
+            i, w_from = cast(tuple[int, int], seq.tag)  # the (request, worker) tag arrive() set
             if self.back and wi < len(self.front):
                 self.router.done(w_from)
                 self.front_seq[i] = seq
@@ -189,7 +199,8 @@ class _Run:
                 self.kick(di, now)
             else:
                 if self.back:
-                    self.router_back.done(w_from)  # type: ignore[union-attr]
+                    assert self.router_back is not None  # set whenever there is a decode pool
+                    self.router_back.done(w_from)
                 else:
                     self.router.done(w_from)
                 self.finish(i, seq)
@@ -236,9 +247,6 @@ class _Run:
 
     windows: Windows = Windows()
 
-    def user_next(self, user: int, t: float) -> None:  # closed loop only
-        raise NotImplementedError
-
     def result(self, end: float) -> SimResult:
         for rec in self.records.values():
             if rec.status == "unsent":  # scheduled and sent, never finished
@@ -260,7 +268,7 @@ class _Run:
 def simulate_open_loop(
     cluster: ClusterSpec,
     requests: Sequence[RequestLike],
-    offsets: Sequence[float],
+    offsets: Sequence[float] | NDArray[np.float64],
     windows: Windows,
     *,
     drain_s: float = 60.0,
@@ -303,15 +311,14 @@ def simulate_closed_loop(
         if i >= len(requests):
             return
         state["next"] = i + 1
-        run.user_of[i] = user  # type: ignore[attr-defined]
+        run.user_of[i] = user
         run.arrive(i, t, windows.phase(t))
 
     def on_done(i: int, t: float) -> None:
-        run.push(t + think_s, USER, run.user_of[i])  # type: ignore[attr-defined]
+        run.push(t + think_s, USER, run.user_of[i])
 
-    run.user_of = {}  # type: ignore[attr-defined]
-    run.user_next = user_next  # type: ignore[method-assign]
-    run.on_done = on_done  # type: ignore[assignment]
+    run.user_next = user_next
+    run.on_done = on_done
     for u in range(users):
         run.push(ramp_up_s * u / users, USER, u)
     end = run.loop(horizon + drain_s)
