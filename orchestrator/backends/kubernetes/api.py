@@ -113,7 +113,8 @@ class KubeApi:
                 response = self.api_client.call_api(*request, _request_timeout=self.request_timeout_s)
                 response.read()
                 kind = "bytearray" if raw else "object"
-                out = self.api_client.response_deserialize(response, {"2XX": kind}).data
+                # The client types .data by its type-name argument (a str); it is bytes or the object.
+                out: Any = self.api_client.response_deserialize(response, {"2XX": kind}).data
                 return out.decode() if raw else out
             except ApiException as e:
                 if e.status not in RETRIED_STATUSES or attempt == self.retries:

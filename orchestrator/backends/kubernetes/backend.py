@@ -258,7 +258,9 @@ class KubernetesBackend:
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 if cs.get("imageID"):
                     images[cs.get("image", cs.get("name", "?"))] = cs["imageID"]
-        products, drivers, pools = set(), set(), set()
+        products: set[str] = set()
+        drivers: set[str] = set()
+        pools: set[str] = set()
         gpu_label = deployment.handles["gpu_label"]
         for name in sorted(nodes):
             labels = ((self.api.get("Node", name) or {}).get("metadata") or {}).get("labels") or {}

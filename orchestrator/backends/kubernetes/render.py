@@ -171,6 +171,7 @@ def vllm_args(plan: Plan, arm: Arm, tp: int) -> list[str]:
 
 def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
     k = plan.kubernetes
+    assert arm.gpu is not None  # plan validation: a provisioned arm names its GPU (external ones are refused)
     expr = {"key": k.gpu_product_label, "operator": "In", "values": list(k.product_labels(arm.gpu))}
     return {
         "nodeAffinity": {
