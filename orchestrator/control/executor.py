@@ -34,6 +34,7 @@ from orchestrator.control.verdicts import (
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
 from orchestrator.plan import Plan
 from orchestrator.store.repository import same_plan
+from orchestrator.store.rows import Registration
 
 
 class RunInvalid(Exception):
@@ -92,7 +93,7 @@ class Executor:
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- experiment lifecycle -----------------------------------------------------------------
-    def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[object, int, bool]:
+    def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[Registration, int, bool]:
         """Register the plan; resume its unfinished experiment or create one. Refuses an edited
         plan whose unfinished experiment runs under an older registration."""
         reg = self.store.register_plan(plan)
@@ -253,8 +254,8 @@ class Executor:
             prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
             search = CapacitySearch(s.rate.min, s.rate.max, s.precision, s.attainment, s.max_points,
                                     prior=prior)
-            for rate, p in points.items():
-                search.observe(rate, *p.class_values(cls.name))
+            for seen, p in points.items():
+                search.observe(seen, *p.class_values(cls.name))
             while (rate := search.next_rate()) is not None:
                 p = self._point(plan, arm, block, run_id, dep, runner, points, rate, cls.name)
                 search.observe(rate, *p.class_values(cls.name))
