@@ -16,7 +16,7 @@ import typer
 try:  # typer >= 0.25 vendors click; older releases use the click package
     from typer._click import ClickException
 except ImportError:  # pragma: no cover
-    from click import ClickException
+    from click import ClickException  # type: ignore[assignment]  # typer < 0.25: its click's class, another type to mypy
 
 from orchestrator.cli.apps import app
 from orchestrator.errors import OrchestratorError, UserError
