@@ -127,6 +127,7 @@ class SimServer:
         self.on_die: Callable[[], object] = lambda: os._exit(1)
         self.app = web.Application()
         self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -148,6 +149,12 @@ class SimServer:
     # --- plain endpoints ---------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
+
+    async def version(self, request: web.Request) -> web.Response:
+        """As vLLM's ``GET /version``: which engine answers (backends fingerprint it)."""
+        from orchestrator import __version__
+
+        return web.json_response({"version": f"sim-{__version__}"})
 
     async def models(self, request: web.Request) -> web.Response:
         name = self.config.served_model_name

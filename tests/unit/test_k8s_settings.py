@@ -103,3 +103,15 @@ def test_image_pull_back_off_is_waited_for_and_shown_not_fatal() -> None:
     s = pod_state(pod)
     assert s.fatal_reason is None and s.pulling and s.stage == "pulling"
     assert progress_line([s], 3) == "3 pods: 1 pulling, 2 not created yet"
+
+
+def test_access_path_guard_voids_a_point_whose_path_is_a_material_share_of_the_ttft_limit() -> None:
+    from orchestrator.analysis.guards import access_path
+    from orchestrator.plan import SERVICE_CLASSES
+
+    th = _plan().guards
+    interactive = SERVICE_CLASSES["interactive"]  # TTFT limit 300 ms: 5% is 15 ms
+    assert access_path(None, th, interactive).passed  # load sent directly (in cluster)
+    assert access_path(0.004, th, interactive).passed
+    g = access_path(0.040, th, interactive)
+    assert not g.passed and g.value == pytest.approx(40.0) and g.threshold == pytest.approx(15.0)

@@ -252,6 +252,8 @@ class KubernetesBackend:
         images: dict[str, str] = {}
         nodes: set[str] = set()
         for pod in pods:
+            if pod_state(pod).role == "router":  # a CPU pod: what it runs on is not the arm's GPUs
+                continue
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 nodes.add(node)
@@ -367,10 +369,12 @@ class KubernetesBackend:
             for kind in RUN_KINDS:
                 for obj in self.api.list(kind, ns, labels=selector):
                     removed += self.api.delete(kind, obj["metadata"]["name"], ns)
-        if final:
-            ours = f"{selector},{naming.selector(naming.MANAGED_BY)}"
-            for obj in self.api.list("Namespace", labels=ours):
-                removed += self.api.delete("Namespace", obj["metadata"]["name"])
+        if final:  # by name (get + delete: no cluster-wide list of namespaces needed)
+            want = {naming.EXPERIMENT_LABEL: naming.label_value(experiment.lower()), **naming.MANAGED_BY}
+            for ns in sorted(namespaces):
+                labels = ((self.api.get("Namespace", ns) or {}).get("metadata") or {}).get("labels") or {}
+                if all(labels.get(k) == v for k, v in want.items()):
+                    removed += self.api.delete("Namespace", ns)
             self._namespaces.pop(experiment, None)
         return removed
 

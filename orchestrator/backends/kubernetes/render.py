@@ -358,6 +358,8 @@ def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: 
     tpl["metadata"]["labels"] = {**tpl["metadata"]["labels"], **labels, naming.ROLE_LABEL: "router"}
     tpl["spec"]["serviceAccountName"] = name
     _pull_secrets(tpl["spec"], k.image_pull_secrets)
+    if k.tolerations:  # a cluster of tainted GPU nodes only must still place the router
+        tpl["spec"]["tolerations"] = [toleration(t) for t in k.tolerations]
     c = tpl["spec"]["containers"][0]
     c["image"] = k.router_image
     c["imagePullPolicy"] = k.image_pull_policy

@@ -1,0 +1,87 @@
+"""A whole experiment through `orch run --backend kubernetes`, as a user runs it, on the emulated
+cluster (tests/support/kcluster): the official client reaches the emulated API server through
+KUBECONFIG, pods land on labelled H200 nodes, their vLLM containers run as simulated engines
+and the router as the real vllm-router discovering its workers through the API. Blocks run to
+a stored verdict, and the run leaves no object and no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.base import Fingerprint
+from orchestrator.store import Store
+from tests.support.kcluster import EmulatedCluster, cpu_node, gpu_node, loopback_ok
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "tests" / "e2e" / "plans" / "k8s-quickstart.yaml"
+
+pytestmark = [pytest.mark.timeout(900),
+              pytest.mark.skipif(not loopback_ok("127.77.0.0/16"), reason="loopback range does not bind")]
+
+
+def orch(env: dict[str, str], *args: str, timeout: float = 800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _env(cluster: EmulatedCluster, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "ORCH_SKIP_CALIBRATION": "1",
+            "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
+            "ORCH_STATE_DIR": str(tmp_path / "state"), "ORCH_K8S_POLL_S": "0.2"}
+
+
+def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing(tmp_path: Path) -> None:
+    nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
+    with EmulatedCluster(nodes=nodes) as cluster:
+        env = _env(cluster, tmp_path)
+        r = orch(env, "run", str(PLAN), "--backend", "kubernetes", "--json")
+        assert r.returncode == 0, r.stderr[-4000:]
+        doc = json.loads(r.stdout)
+        # Start-up progress was shown while the pods came up.
+        assert "pods:" in r.stderr and "ready" in r.stderr, r.stderr[-2000:]
+
+        # Every block has a valid run of each arm, judged back to back on observed fingerprints.
+        store = Store.open(env["ORCH_DATABASE_URL"])
+        try:
+            exp_id = doc["experiment"]["id"]
+            runs = store.runs(exp_id)
+            valid = [r for r in runs if r.valid and r.status == "done"]
+            assert {(r.block, r.arm) for r in valid} == {(0, "A"), (0, "B"), (1, "A"), (1, "B")}, \
+                [(r.block, r.arm, r.invalid_reason) for r in runs]
+            for run in valid:
+                fp = Fingerprint.from_dict(run.fingerprint)
+                assert fp.backend == "kubernetes" and fp.gpu_type == "H200"
+                assert fp.gpu_products == ("NVIDIA-H200",) and fp.node_pools and fp.driver_versions
+                assert fp.image_digests() and set(fp.nodes) <= {"h200-a", "h200-b"}
+                assert fp.details["access_path"]["mode"] == "service"
+                assert fp.kv_transport == ("nixl/tcp" if run.arm == "B" else None)
+                points = store.points(run.id)
+                assert len(points) >= 1
+                for _, p in points.iterrows():
+                    assert len(store.requests(int(p.id))) == int(p.n_scheduled)
+                b2b = [g for g in store.guard_results(run.id) if g.name == "back_to_back"]
+                assert b2b and all(g.passed for g in b2b), b2b
+            (verdict,) = doc["verdicts"]
+            assert verdict["verdict"] in ("ACCEPT", "REJECT", "INCONCLUSIVE") and verdict["blocks"] == 2
+            assert doc["experiment"]["complete"] is True
+        finally:
+            store.close()
+
+        # The gate reads the same from the store as `orch run` printed.
+        gate = orch(env, "verdict", doc["experiment"]["name"], "--gate", "--json", timeout=120)
+        assert gate.returncode == doc["gate_exit_code"], (gate.returncode, gate.stdout[-2000:])
+
+        # Nothing of the run is left: no object in any namespace of ours, the namespace the tool
+        # created is gone, and no engine or router process still runs.
+        for kind in ("Deployment", "Pod", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
+            ours = [o for o in cluster.objects(kind).values()
+                    if (o.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "orchestrator"]
+            assert not ours, (kind, [o["metadata"]["name"] for o in ours])
+        assert not [n for n in cluster.objects("Namespace") if n.startswith("orch-")]
+        assert not cluster.live_processes()
