@@ -286,8 +286,3 @@ def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
     if ctx.service_class is not None:
         out.append(steady_state(records, th, ctx.service_class, w, ctx.attainment_threshold))
     return out
-
-
-def all_passed(results: Sequence[GuardResult]) -> bool:
-    """A point (or run) is valid only if every guard passed."""
-    return all(g.passed for g in results)

@@ -1,45 +1,224 @@
 """The statistics of a bar (DESIGN section 10). Pure: numpy and scipy only.
 
 Unit = one block (one run of each arm, back to back). Per block r_b = ln(C_B / C_A). A bar is
-judged with a one-sided Student t bound on the mean of r_b at the bar's confidence:
+judged with one-sided bounds on the mean of r_b:
 
 - ``at_least`` T: ACCEPT if exp(lower bound) > T; REJECT if exp(upper bound) < T.
 - ``at_most`` T (regression gate): ACCEPT if exp(upper bound) < T; REJECT if exp(lower) > T.
 - otherwise INCONCLUSIVE. Fewer than 2 blocks is INCONCLUSIVE, never ACCEPT: one pair of runs
   carries no estimate of its own spread (DESIGN section 9, guard 10).
 
-Both bounds are one-sided at the same confidence, so ACCEPT and REJECT are each tests at level
-1 - confidence and can never both hold. Several bars of one plan are corrected with Holm's
-step-down procedure (``judge_bars``). ``blocks_needed`` is the power analysis: the smallest
-number of blocks whose ACCEPT probability reaches the asked power, from the noncentral t.
+**The bound** is mean(r) -/+ c * s / sqrt(n), with two guards against a measurement that fools
+a plain Student t bound:
+
+- *Skewed blocks.* With left-skewed block noise (arm B occasionally has a bad block) the sample
+  mean and the sample spread move together: the blocks that happened to be clean look tight and
+  high, and a Student t bound accepts a bar it does not meet far more often than 1 - confidence
+  (0.07 to 0.16 in the audit of issue 17). The default method (``ROBUST``) takes the critical
+  value c as the worst case over a registered family of block-noise shapes (``NOISE_FAMILY``):
+  normal; Student t(3); 15% of blocks contaminated (shifted by 5.5 spreads of the clean
+  blocks); and an exponential tail (normal noise plus an exponential loss 7x as wide) - each
+  also mirrored, so an arm A with bad blocks is covered as well. The quantiles of the
+  studentised mean under each shape come from a seeded Monte Carlo (``_null_t``, cached per
+  block count; the t statistic is free of location and scale, so the family is described by
+  shapes alone). ``STUDENT_T`` keeps the classic bound, for comparison only.
+- *Zero spread.* The per-block spread is floored at the measurement's resolution
+  (``SD_FLOOR``, 0.01 in ln units, settable per call): identical block ratios are not
+  certainty.
+
+What that costs and buys (``benchmarks/verdict_calibration.py`` prints the table; the
+calibration tests assert it): false accepts at the bar stay <= 1 - confidence + 0.01 for all
+four shapes at 3, 5 and 10 blocks, and also for a pure exponential (no symmetric noise at all,
+outside the family); the power at a true ratio of 1.25 against a 1.10 bar (sigma 0.05,
+5 blocks) is about 0.82 instead of 0.998. A shape outside the family can still fool it: 15% of
+blocks shifted by 10 clean spreads is indistinguishable, in 5 blocks, from a clean design
+(44% of 5-block samples contain no bad block at all); no bound on 5 numbers can see it.
+
+**Censored capacities.** A block whose capacity is censored (below the search's lowest rate,
+above its highest, at the load generator's ceiling) or unconverged gives no point ratio, only
+an interval (``CapacityValue``, ``BlockRatio``). Such blocks are judged as intervals: the lower
+bound is the least it can be over every ratio the intervals allow (a concave function of the
+block values, so its minimum lies at a corner of the box), the upper bound the most. An interval
+open on the side a test needs (a ratio unbounded below for ACCEPT of ``at_least``) makes that
+test impossible; 0/0 (both arms without a passing rate) is unbounded both ways, never 1.
+
+Several bars of one plan are corrected with Holm's step-down procedure, for ACCEPT and for
+REJECT alike (``judge_bars``). Every judgement carries ``label``: what exactly its interval is.
+``blocks_needed`` is the power analysis: the smallest number of blocks whose ACCEPT probability
+(normal noise, the method's critical value) reaches the asked power. ``order_balance`` says
+whether the blocks a verdict rests on are balanced against a linear drift.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from typing import Literal
+from itertools import product
+from typing import Any, Literal
 
 import numpy as np
+from scipy import special
 from scipy import stats as sps
 
 Verdict = Literal["ACCEPT", "REJECT", "INCONCLUSIVE"]
 Direction = Literal["at_least", "at_most"]
 DIRECTIONS: tuple[str, ...] = ("at_least", "at_most")
+Method = Literal["robust", "student_t"]
+ROBUST: Method = "robust"
+STUDENT_T: Method = "student_t"
+Censoring = Literal["below_min", "above_max", "at_ceiling"]
+CENSORING: tuple[str, ...] = ("below_min", "above_max", "at_ceiling")
 
 # A power analysis that needs more blocks than this is reported as infeasible.
 MAX_BLOCKS = 10_000
+# Measurement resolution: the per-block sd of ln(B/A) is never taken below this (ln units).
+SD_FLOOR = 0.01
+
+# The registered family of block-noise shapes the robust critical value covers.
+CONTAMINATED_SHARE = 0.15  # share of bad blocks
+CONTAMINATED_SHIFT = 5.5  # how far a bad block falls, in sds of the clean blocks
+EXP_TAIL_WIDTH = 7.0  # exponential loss's scale, in sds of the symmetric noise
+NOISE_FAMILY: tuple[str, ...] = (
+    "normal",
+    "student_t3",
+    f"contaminated ({CONTAMINATED_SHARE:.0%} of blocks {CONTAMINATED_SHIFT:g} clean sds low)",
+    f"exponential tail (normal + exponential loss {EXP_TAIL_WIDTH:g}x as wide)",
+)
+# Monte Carlo of the studentised mean under the family: draws per block count, the largest block
+# count simulated (beyond it the excess over Student t shrinks as 1/sqrt(n), the leading
+# Edgeworth term), and the seed (a verdict is a fixed function of the data).
+_MC_DRAWS = 1 << 17
+_MC_MAX_N = 40
+_MC_SEED = 20_260_517
+# Interval-valued blocks are judged at every corner of their box; beyond this many, the bar is
+# INCONCLUSIVE (2^k corners).
+MAX_INTERVAL_BLOCKS = 12
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityValue:
+    """One arm's capacity in one block, with what the search could and could not establish.
+
+    ``value`` is the measured capacity (highest passing goodput; 0 if no rate passed);
+    ``lower``/``upper`` bound the true capacity (``upper`` may be inf). ``censored`` is None or
+    one of ``CENSORING``; ``converged`` is False when the search ran out of points before its
+    bound closed. Only an uncensored, converged value is a point estimate."""
+
+    value: float
+    lower: float | None = None
+    upper: float | None = None
+    censored: Censoring | None = None
+    converged: bool = True
+
+    def __post_init__(self) -> None:
+        if self.censored is not None and self.censored not in CENSORING:
+            raise ValueError(f"censored must be None or one of {', '.join(CENSORING)} (got {self.censored!r})")
+        if math.isnan(self.value) or self.value < 0:
+            raise ValueError(f"a capacity must be a number >= 0 (got {self.value})")
+        if self.censored is None and self.converged and self.value == 0.0:
+            # Zero is only ever the search's "no rate passed": censored below its lowest rate.
+            object.__setattr__(self, "censored", "below_min")
+        lo, hi = self.bounds
+        if not lo <= self.value <= hi:
+            raise ValueError(f"capacity {self.value} lies outside its bounds [{lo}, {hi}]")
+
+    @classmethod
+    def exact(cls, value: float) -> CapacityValue:
+        return cls(float(value))
+
+    @property
+    def is_point(self) -> bool:
+        return self.censored is None and self.converged and self.value > 0
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(lowest, highest) the true capacity can be."""
+        if self.is_point:
+            return self.value, self.value
+        lo = self.lower if self.lower is not None else 0.0 if self.censored == "below_min" else self.value
+        hi = self.upper if self.upper is not None else math.inf
+        return lo, hi
+
+    def describe(self) -> str:
+        lo, hi = self.bounds
+        why = {"below_min": "below the search's lowest rate", "above_max": "above the search's highest rate",
+               "at_ceiling": "at the load generator's ceiling"}.get(self.censored or "", "")
+        if not self.converged:
+            why = f"{why}, unconverged" if why else "unconverged (ran out of points)"
+        return f"{why}: in [{lo:.4g}, {hi:.4g}]"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRatio:
+    """One block's B/A as an interval of ln ratios (a point when both capacities are)."""
+
+    block: int
+    a: CapacityValue
+    b: CapacityValue
+
+    @classmethod
+    def of(cls, block: int, a: float | CapacityValue, b: float | CapacityValue) -> BlockRatio:
+        def cv(x: float | CapacityValue) -> CapacityValue:
+            return x if isinstance(x, CapacityValue) else CapacityValue(float(x))
+
+        return cls(block, cv(a), cv(b))
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """(lowest, highest) ln(B/A) the capacities allow; (-inf, inf) for 0/0."""
+        alo, ahi = self.a.bounds
+        blo, bhi = self.b.bounds
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lo = _safe_log_ratio(blo, ahi, low=True)
+            hi = _safe_log_ratio(bhi, alo, low=False)
+        return lo, hi
+
+    @property
+    def is_point(self) -> bool:
+        return self.a.is_point and self.b.is_point
+
+    def reason(self) -> str:
+        """Why this block gives no point ratio ('' when it does)."""
+        if self.is_point:
+            return ""
+        if self.a.value == 0.0 and self.b.value == 0.0:
+            return f"block {self.block}: both arms at 0 (no passing rate): no ratio (0/0 is not 1)"
+        parts = [f"{arm} {v.describe()}" for arm, v in (("A", self.a), ("B", self.b)) if not v.is_point]
+        lo, hi = self.interval
+        return f"block {self.block}: " + "; ".join(parts) + f"; B/A in [{math.exp(lo):.4g}, {math.exp(hi):.4g}]"
+
+
+def _safe_log_ratio(num: float, den: float, low: bool) -> float:
+    if num == 0.0 and den == 0.0:
+        return -math.inf if low else math.inf
+    if den == math.inf and num == math.inf:
+        return -math.inf if low else math.inf
+    if num == 0.0 or den == math.inf:
+        return -math.inf
+    if den == 0.0 or num == math.inf:
+        return math.inf
+    return math.log(num / den)
+
+
+# --- the judgement ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
     """A bar's verdict with the evidence behind it.
 
-    ``estimate`` is the geometric-mean ratio exp(mean r_b); ``lower`` and ``upper`` are the
-    one-sided bounds on the ratio at ``confidence`` (each alone holds with that confidence).
-    ``p_value`` is the one-sided p-value of the ACCEPT test (H0: the bar is not met)."""
+    ``estimate`` is the geometric-mean ratio exp(mean r_b); ``lower`` and ``upper`` are
+    one-sided bounds on the ratio, at ``lower_level`` and ``upper_level`` (equal to
+    ``confidence`` unless Holm moved them); ``label`` says in words what the interval is.
+    ``p_value`` is the one-sided p-value of the ACCEPT test (H0: the bar is not met) and
+    ``p_reject`` that of the REJECT test (H0: the bar is met). ``sd`` is the sample sd of the
+    block log ratios; ``sd_used`` what the bound used (floored). ``censored`` lists the blocks
+    judged as intervals and why."""
 
     verdict: Verdict
     estimate: float
@@ -52,13 +231,25 @@ class Judgement:
     p_value: float
     sd: float  # sample standard deviation of the per-block log ratios (nan with n < 2)
     note: str = ""
+    p_reject: float = 1.0
+    lower_level: float = math.nan
+    upper_level: float = math.nan
+    method: str = ROBUST
+    sd_used: float = math.nan
+    censored: tuple[str, ...] = ()
+    label: str = ""
+    sd_floor: float = SD_FLOOR
 
     def to_dict(self) -> dict[str, object]:
-        """Plain dict (JSON-ready: inf and nan become None)."""
+        """Plain dict (JSON-ready: inf and nan become None, tuples lists)."""
         out: dict[str, object] = {}
-        for k in self.__slots__:  # type: ignore[attr-defined]
-            v = getattr(self, k)
-            out[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+        for f in fields(self):
+            k, v = f.name, getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None
+            elif isinstance(v, tuple):
+                v = list(v)
+            out[k] = v
         return out
 
 
@@ -77,54 +268,255 @@ def _check(threshold: float, confidence: float, direction: str) -> None:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)} (got {direction!r})")
 
 
-def _p_accept(mean: float, sd: float, n: int, log_t: float, direction: str) -> float:
-    """One-sided p-value of H0 'the bar is not met' given the block log ratios' summary."""
+# --- the critical value ----------------------------------------------------------------------
+
+
+def _studentised(x: np.ndarray) -> np.ndarray:
+    n = x.shape[1]
+    return x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n))
+
+
+@lru_cache(maxsize=48)
+def _null_t(n: int) -> tuple[np.ndarray, ...]:
+    """Sorted studentised means of ``_MC_DRAWS`` samples of ``n`` blocks under each simulated
+    shape of the family (left-skewed: their upper tail is the heavy one). Normal is exact
+    (Student t) and t(3) is never the worst (a symmetric heavy tail makes the t bound
+    conservative), so neither is simulated."""
+    rng = np.random.default_rng([_MC_SEED, n])
+    cont, tail = [], []
+    chunk = max(1, (1 << 21) // n)
+    for start in range(0, _MC_DRAWS, chunk):
+        m = min(chunk, _MC_DRAWS - start)
+        z = rng.standard_normal((m, n))
+        bad = rng.random((m, n)) < CONTAMINATED_SHARE
+        cont.append(_studentised(z - CONTAMINATED_SHIFT * (bad - CONTAMINATED_SHARE)))
+        z = rng.standard_normal((m, n))
+        tail.append(_studentised(z - EXP_TAIL_WIDTH * (rng.standard_exponential((m, n)) - 1.0)))
+    return tuple(np.sort(np.concatenate(x)) for x in (cont, tail))
+
+
+def _mc_quantile(n: int, confidence: float) -> float:
+    k = min(_MC_DRAWS - 1, max(0, math.ceil(confidence * _MC_DRAWS) - 1))
+    return max(float(arr[k]) for arr in _null_t(n))
+
+
+@lru_cache(maxsize=4096)
+def critical_value(n: int, confidence: float, method: Method = ROBUST) -> float:
+    """The one-sided critical value of the studentised mean of ``n`` blocks at ``confidence``:
+    Student t's for ``STUDENT_T``; for ``ROBUST`` the largest over the noise family."""
     if n < 2:
+        raise ValueError("a critical value needs at least 2 blocks")
+    t = t_quantile(confidence, n - 1)
+    if method == STUDENT_T:
+        return t
+    if method != ROBUST:
+        raise ValueError(f"method must be {ROBUST!r} or {STUDENT_T!r} (got {method!r})")
+    if n <= _MC_MAX_N:
+        return max(t, _mc_quantile(n, confidence))
+    excess = max(_mc_quantile(_MC_MAX_N, confidence) - t_quantile(confidence, _MC_MAX_N - 1), 0.0)
+    return t + excess * math.sqrt(_MC_MAX_N / n)
+
+
+def tail_probability(t: float, n: int, method: Method = ROBUST) -> float:
+    """P(studentised mean >= t) under the worst shape of the method's family: the one-sided
+    p-value of an observed t (accept at level alpha iff it is <= alpha, up to Monte Carlo ties)."""
+    if math.isnan(t):
         return 1.0
-    diff = (mean - log_t) if direction == "at_least" else (log_t - mean)
-    if sd == 0.0:
-        return 0.0 if diff > 0 else 1.0
-    return float(sps.t.sf(diff / (sd / math.sqrt(n)), n - 1))
+    p_t = float(special.stdtr(n - 1, -t))  # Student t's survival function (the fast ufunc)
+    if method == STUDENT_T:
+        return p_t
+    if n <= _MC_MAX_N:
+        tails = [(_MC_DRAWS - int(np.searchsorted(arr, t, side="left"))) / _MC_DRAWS for arr in _null_t(n)]
+        return max([p_t, *tails])
+    # Beyond the simulated block counts: invert critical_value (monotone in the confidence).
+    lo, hi = 1e-9, 1.0 - 1e-9
+    if t <= critical_value(n, lo, method):
+        return 1.0
+    if t > critical_value(n, hi, method):
+        return 1e-9
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t > critical_value(n, mid, method) else (lo, mid)
+    return 1.0 - lo
+
+
+# --- the rule ----------------------------------------------------------------------------------
+
+
+def _as_intervals(values: Sequence[float | BlockRatio] | np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Per block (lowest, highest) ln ratio and the reasons of the interval-valued blocks."""
+    if isinstance(values, np.ndarray):
+        r = values.astype(np.float64).ravel()
+        return r, r, []
+    lo, hi, why = [], [], []
+    for v in values:
+        if isinstance(v, BlockRatio):
+            a, b = v.interval
+            lo.append(a)
+            hi.append(b)
+            if not v.is_point:
+                why.append(v.reason())
+        else:
+            lo.append(float(v))
+            hi.append(float(v))
+    return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64), why
+
+
+def _summary(x: np.ndarray, sd_floor: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of block log ratios -> (mean, sd, sd used by the bound)."""
+    mean = x.mean(axis=1)
+    sd = x.std(axis=1, ddof=1)
+    return mean, sd, np.maximum(sd, sd_floor)
 
 
 def judge(
-    log_ratios: Sequence[float] | np.ndarray,
+    log_ratios: Sequence[float | BlockRatio] | np.ndarray,
     threshold: float,
     confidence: float,
     direction: Direction = "at_least",
+    *,
+    accept_confidence: float | None = None,
+    reject_confidence: float | None = None,
+    sd_floor: float = SD_FLOOR,
+    method: Method = ROBUST,
 ) -> Judgement:
-    """Judge a bar from per-block log ratios ln(C_B / C_A) (see module doc for the rule).
+    """Judge a bar from per-block log ratios ln(C_B / C_A) or ``BlockRatio``s (see the module
+    doc for the rule). ``accept_confidence``/``reject_confidence`` set the level of each test
+    apart (Holm does); both default to ``confidence``.
 
-    An infinite log ratio (an arm with zero capacity in a block) makes the t bound meaningless:
-    the verdict is then INCONCLUSIVE with a note, and the caller should look at that block.
-    NaN is a bug upstream and raises ``ValueError``."""
+    A float infinite log ratio (an arm with zero capacity in a block) makes the bound
+    meaningless: the verdict is INCONCLUSIVE with a note. NaN is a bug upstream and raises."""
     _check(threshold, confidence, direction)
-    r = np.asarray(log_ratios, dtype=np.float64).ravel()
-    n = int(r.size)
+    c_acc = confidence if accept_confidence is None else accept_confidence
+    c_rej = confidence if reject_confidence is None else reject_confidence
+    _check(threshold, c_acc, direction)
+    _check(threshold, c_rej, direction)
+    if not sd_floor >= 0:
+        raise ValueError(f"sd_floor must be >= 0 (got {sd_floor})")
+    lo_r, hi_r, why = _as_intervals(log_ratios)
+    n = int(lo_r.size)
     log_t = math.log(threshold)
-    if np.isnan(r).any():
+    # ACCEPT of at_least and REJECT of at_most test the lower bound; the others the upper.
+    lower_level, upper_level = (c_acc, c_rej) if direction == "at_least" else (c_rej, c_acc)
+    def make(verdict: Verdict, estimate: float, lb: float, ub: float, p_acc: float, p_rej: float, sd: float,
+             note: str) -> Judgement:
+        return _labelled(Judgement(
+            verdict, estimate, math.exp(lb), math.exp(ub), n, threshold, confidence, direction, p_acc, sd, note,
+            p_reject=p_rej, lower_level=lower_level, upper_level=upper_level, method=method,
+            sd_used=max(sd, sd_floor) if math.isfinite(sd) else math.nan, censored=tuple(why), sd_floor=sd_floor,
+        ))
+
+    def inconclusive(estimate: float, note: str) -> Judgement:
+        return make("INCONCLUSIVE", estimate, -math.inf, math.inf, 1.0, 1.0, math.nan, note)
+
+    if np.isnan(lo_r).any() or np.isnan(hi_r).any():
         raise ValueError("log ratios contain NaN")
     if n == 0:
-        return Judgement("INCONCLUSIVE", math.nan, 0.0, math.inf, 0, threshold, confidence,
-                         direction, 1.0, math.nan, "no blocks")
-    if not np.isfinite(r).all():
+        return inconclusive(math.nan, "no blocks")
+    points = lo_r == hi_r
+    if points.all() and not np.isfinite(lo_r).all():
+        r = lo_r
         est = float(np.exp(np.mean(r))) if not (np.isposinf(r).any() and np.isneginf(r).any()) else math.nan
-        return Judgement("INCONCLUSIVE", est, 0.0, math.inf, n, threshold, confidence, direction,
-                         1.0, math.nan, "a block has zero capacity in one arm; its ratio is infinite")
-    mean = float(r.mean())
+        return inconclusive(est, "a block has zero capacity in one arm; its ratio is infinite")
+    with np.errstate(invalid="ignore"):
+        mid = np.where(points, lo_r, (lo_r + hi_r) / 2)
+    estimate = float(np.exp(mid.mean())) if np.isfinite(mid).all() else math.nan
     if n < 2:
-        return Judgement("INCONCLUSIVE", math.exp(mean), 0.0, math.inf, n, threshold, confidence,
-                         direction, 1.0, math.nan, "one block: no decision from a single pair of runs")
-    sd = float(r.std(ddof=1))
-    half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
+        return inconclusive(estimate, "one block: no decision from a single pair of runs")
+    open_idx = np.flatnonzero(~points)
+    if open_idx.size > MAX_INTERVAL_BLOCKS:
+        return inconclusive(estimate, f"{open_idx.size} blocks are censored or unconverged: no bound")
+
+    # Every corner of the box of interval-valued blocks (one row when all are points). The
+    # lower bound is concave in the block values and the upper convex, so their extremes over
+    # the box lie at corners. An infinite end makes both bounds infinite (the spread grows
+    # without bound along that edge: with c > 1 either bound runs off; conservative otherwise).
+    sqrt_n = math.sqrt(n)
+    if not (np.isfinite(lo_r).all() and np.isfinite(hi_r).all()):
+        lb, ub, t_lo, t_hi = -math.inf, math.inf, -math.inf, math.inf
+    else:
+        rows = np.tile(lo_r, (1 << open_idx.size, 1))
+        for k, corner in enumerate(product((0, 1), repeat=open_idx.size)):
+            for col, side in zip(open_idx, corner, strict=True):
+                if side:
+                    rows[k, col] = hi_r[col]
+        mean, _, sd_used = _summary(rows, sd_floor)
+        c_lo = critical_value(n, lower_level, method)
+        c_hi = critical_value(n, upper_level, method)
+        lb = float(np.min(mean - c_lo * sd_used / sqrt_n))
+        ub = float(np.max(mean + c_hi * sd_used / sqrt_n))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_rows = (mean - log_t) / (sd_used / sqrt_n)  # +-inf with a zero floor and no spread
+        t_rows = np.nan_to_num(t_rows, nan=0.0, posinf=math.inf, neginf=-math.inf)
+        t_lo, t_hi = float(t_rows.min()), float(t_rows.max())
+    p_up = tail_probability(t_lo, n, method)  # evidence that the mean is above the threshold
+    p_down = tail_probability(-t_hi, n, method)  # ... below it
+    if direction == "at_least":
+        accept, reject, p_acc, p_rej = lb > log_t, ub < log_t, p_up, p_down
+    else:
+        accept, reject, p_acc, p_rej = ub < log_t, lb > log_t, p_down, p_up
+    verdict: Verdict = "ACCEPT" if accept else "REJECT" if reject else "INCONCLUSIVE"
+    note = ""
+    if not math.isfinite(lb) and not math.isfinite(ub):
+        note = "a block's ratio is unbounded (censored or 0/0): no bound on the mean; " + "; ".join(why)
+    elif why and verdict == "INCONCLUSIVE":
+        note = f"{len(why)} block(s) censored or unconverged: judged as intervals"
+    elif why:
+        note = f"{len(why)} block(s) censored or unconverged: judged as intervals; the verdict holds at every ratio they allow"
+    sd_sample = float(np.std(mid, ddof=1)) if np.isfinite(mid).all() else math.nan
+    return make(verdict, estimate, lb, ub, p_acc, p_rej, sd_sample, note)
+
+
+def judge_many(
+    log_ratios: np.ndarray,
+    threshold: float,
+    confidence: float,
+    direction: Direction = "at_least",
+    *,
+    sd_floor: float = SD_FLOOR,
+    method: Method = ROBUST,
+) -> np.ndarray:
+    """Verdicts of many experiments at once (rows of exact block log ratios), as ``judge``
+    would give them: an array of +1 (ACCEPT), -1 (REJECT), 0 (INCONCLUSIVE). For calibration."""
+    _check(threshold, confidence, direction)
+    x = np.atleast_2d(np.asarray(log_ratios, dtype=np.float64))
+    n = x.shape[1]
+    if n < 2:
+        return np.zeros(x.shape[0], dtype=np.int8)
+    mean, _, sd_used = _summary(x, sd_floor)
+    half = critical_value(n, confidence, method) * sd_used / math.sqrt(n)
+    log_t = math.log(threshold)
     lo, hi = mean - half, mean + half
     if direction == "at_least":
         accept, reject = lo > log_t, hi < log_t
     else:
         accept, reject = hi < log_t, lo > log_t
-    verdict: Verdict = "ACCEPT" if accept else "REJECT" if reject else "INCONCLUSIVE"
-    return Judgement(verdict, math.exp(mean), math.exp(lo), math.exp(hi), n, threshold, confidence,
-                     direction, _p_accept(mean, sd, n, log_t, direction), sd)
+    return accept.astype(np.int8) - reject.astype(np.int8)
+
+
+def _pct(level: float) -> str:
+    return f"{100 * level:.4g}%"
+
+
+def _labelled(j: Judgement, holm: str = "") -> Judgement:
+    """Attach the words that say exactly what ``lower``..``upper`` is."""
+    how = ("skew-robust t bound" if j.method == ROBUST else "Student t bound") + f", spread floored at {j.sd_floor:g}"
+    if j.lower_level == j.upper_level:
+        two = 2 * j.lower_level - 1
+        text = (f"B/A {j.lower:.4g}..{j.upper:.4g}: each end a one-sided {_pct(j.lower_level)} bound "
+                f"(together a {_pct(two)} two-sided interval); {how}")
+    else:
+        text = (f"B/A {j.lower:.4g}..{j.upper:.4g}: lower end a one-sided {_pct(j.lower_level)} bound, "
+                f"upper end a one-sided {_pct(j.upper_level)} bound; {how}")
+    if holm:
+        text += f"; {holm}"
+    if j.censored:
+        text += f"; {len(j.censored)} censored block(s) judged as intervals"
+    return _replace(j, label=text)
+
+
+def _replace(j: Judgement, **changes: Any) -> Judgement:
+    return replace(j, **changes)
 
 
 def log_ratios(b_values: Sequence[float], a_values: Sequence[float]) -> np.ndarray:
@@ -137,85 +529,76 @@ def log_ratios(b_values: Sequence[float], a_values: Sequence[float]) -> np.ndarr
         return np.log(b) - np.log(a)
 
 
-def holm(p_values: Sequence[float], alpha: float | Sequence[float] = 0.05) -> list[bool]:
-    """Holm's step-down procedure: which hypotheses are rejected, in the input order.
-
-    Sort p ascending; reject H_(k) while p_(k) <= alpha_(k) / (m - k) (k from 0) and stop at the
-    first that is not. ``alpha`` may be one level or one per hypothesis (then each is held to
-    its own level; the family-wise error stays at most the largest alpha)."""
-    p = np.asarray(p_values, dtype=np.float64)
-    m = p.size
-    alphas = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (m,))
-    rejected = [False] * m
-    for k, i in enumerate(np.argsort(p, kind="stable")):
-        if p[i] <= alphas[i] / (m - k):
-            rejected[int(i)] = True
-        else:
-            break
-    return rejected
-
-
-def holm_adjusted(p_values: Sequence[float]) -> list[float]:
-    """Holm-adjusted p-values (reject H_i at level alpha iff adjusted_i <= alpha)."""
-    p = np.asarray(p_values, dtype=np.float64)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adj = np.empty(m)
-    running = 0.0
-    for k, i in enumerate(order):
-        running = max(running, min(1.0, (m - k) * p[i]))
-        adj[i] = running
-    return [float(x) for x in adj]
+# --- several bars: Holm ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class BarEvidence:
-    """One bar's input to ``judge_bars``: its per-block log ratios and registered terms."""
+    """One bar's input to ``judge_bars``: its per-block log ratios (floats or ``BlockRatio``s)
+    and registered terms."""
 
-    log_ratios: Sequence[float]
+    log_ratios: Sequence[float | BlockRatio]
     threshold: float
     confidence: float
     direction: Direction = "at_least"
 
 
-def judge_bars(bars: Sequence[BarEvidence]) -> list[Judgement]:
-    """Judge every bar of a plan with Holm's correction of the ACCEPT tests.
+def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[float], list[bool]]:
+    """Holm's step-down: per hypothesis the level it is tested at (its rank's alpha_i / (m - k))
+    and whether it is still in the running (every hypothesis ranked before it was rejected)."""
+    m = len(p)
+    levels = [0.0] * m
+    reached = [False] * m
+    still = True
+    for k, i in enumerate(np.argsort(p, kind="stable")):
+        i = int(i)
+        levels[i] = alphas[i] / (m - k)
+        reached[i] = still
+        if p[i] > levels[i]:
+            still = False
+    return levels, reached
 
-    Bars are ranked by their ACCEPT p-value; the k-th (from 0) of m is judged at confidence
-    1 - (1 - c) / (m - k), and only if every bar ranked before it was accepted (step-down).
-    The returned bounds are at the level each bar was actually judged at, so a verdict and its
-    interval always agree. REJECT is a test of the opposite claim and keeps the bar's own level
-    (a false REJECT cannot make a change ship)."""
-    plain = [judge(b.log_ratios, b.threshold, b.confidence, b.direction) for b in bars]
+
+def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = ROBUST) -> list[Judgement]:
+    """Judge every bar of a plan with Holm's step-down correction, for ACCEPT and for REJECT
+    apart: a family of m bars makes a false ACCEPT of any of them, and a false REJECT of any of
+    them, each at most 1 - confidence likely.
+
+    Bars are ranked by their ACCEPT p-value; the k-th (from 0) of m is tested at confidence
+    1 - (1 - c) / (m - k), and can ACCEPT only if every bar ranked before it was accepted.
+    REJECT is the same over the REJECT p-values. The bounds are at the level each test was
+    actually run at (the label says which), so a verdict and its interval always agree."""
+    plain = [judge(b.log_ratios, b.threshold, b.confidence, b.direction, sd_floor=sd_floor, method=method)
+             for b in bars]
     m = len(bars)
     if m <= 1:
         return plain
-    out: list[Judgement | None] = [None] * m
-    still_stepping = True
-    for k, i in enumerate(np.argsort([j.p_value for j in plain], kind="stable")):
-        b = bars[int(i)]
-        level = 1.0 - (1.0 - b.confidence) / (m - k)
-        j = judge(b.log_ratios, b.threshold, level, b.direction)
-        if j.verdict == "ACCEPT" and not still_stepping:
-            j = _replace_verdict(j, "INCONCLUSIVE", "Holm: a bar ranked before it was not accepted")
-        elif j.verdict != "ACCEPT":
-            still_stepping = False
-            if plain[int(i)].verdict == "REJECT":
-                out[int(i)] = _with_note(plain[int(i)], f"Holm rank {k + 1} of {m}; REJECT at its own confidence")
-                continue
-        out[int(i)] = _with_note(j, f"Holm rank {k + 1} of {m}, judged at confidence {level:.4g}")
-    return [j for j in out if j is not None]
+    alphas = [1.0 - b.confidence for b in bars]
+    acc_level, acc_reached = _holm_levels([j.p_value for j in plain], alphas)
+    rej_level, rej_reached = _holm_levels([j.p_reject for j in plain], alphas)
+    acc_rank = {int(i): k + 1 for k, i in enumerate(np.argsort([j.p_value for j in plain], kind="stable"))}
+    rej_rank = {int(i): k + 1 for k, i in enumerate(np.argsort([j.p_reject for j in plain], kind="stable"))}
+    out = []
+    for i, b in enumerate(bars):
+        j = judge(b.log_ratios, b.threshold, b.confidence, b.direction,
+                  accept_confidence=1.0 - acc_level[i], reject_confidence=1.0 - rej_level[i],
+                  sd_floor=sd_floor, method=method)
+        notes = [j.note] if j.note else []
+        if j.verdict == "ACCEPT" and not acc_reached[i]:
+            j = _replace(j, verdict="INCONCLUSIVE")
+            notes.append("Holm: a bar ranked before it was not accepted")
+        elif j.verdict == "REJECT" and not rej_reached[i]:
+            j = _replace(j, verdict="INCONCLUSIVE")
+            notes.append("Holm: a bar ranked before it was not rejected")
+        holm = (f"Holm-adjusted over {m} bars at family level {_pct(b.confidence)}: ACCEPT tested at "
+                f"{_pct(1.0 - acc_level[i])} (rank {acc_rank[i]} of {m}), REJECT at "
+                f"{_pct(1.0 - rej_level[i])} (rank {rej_rank[i]} of {m})")
+        notes.append(holm)
+        out.append(_labelled(_replace(j, note="; ".join(notes)), holm))
+    return out
 
 
-def _replace_verdict(j: Judgement, verdict: Verdict, note: str) -> Judgement:
-    return Judgement(verdict, j.estimate, j.lower, j.upper, j.n, j.threshold, j.confidence,
-                     j.direction, j.p_value, j.sd, note)
-
-
-def _with_note(j: Judgement, note: str) -> Judgement:
-    text = f"{j.note}; {note}" if j.note else note
-    return Judgement(j.verdict, j.estimate, j.lower, j.upper, j.n, j.threshold, j.confidence,
-                     j.direction, j.p_value, j.sd, text)
+# --- power ---------------------------------------------------------------------------------------
 
 
 def accept_probability(
@@ -225,8 +608,10 @@ def accept_probability(
     threshold: float,
     confidence: float,
     direction: Direction = "at_least",
+    method: Method = ROBUST,
 ) -> float:
-    """P(ACCEPT) with ``n`` blocks of normal log-ratio noise ``sigma`` (noncentral t)."""
+    """P(ACCEPT) with ``n`` blocks of normal log-ratio noise ``sigma`` (noncentral t at the
+    method's critical value; the spread floor is ignored, which is exact for sigma >> floor)."""
     _check(threshold, confidence, direction)
     if n < 2:
         return 0.0
@@ -236,7 +621,7 @@ def accept_probability(
     if direction == "at_most":
         delta = -delta
     ncp = delta / (sigma / math.sqrt(n))
-    return float(sps.nct.sf(t_quantile(confidence, n - 1), n - 1, ncp))
+    return float(sps.nct.sf(critical_value(n, confidence, method), n - 1, ncp))
 
 
 def blocks_needed(
@@ -246,6 +631,7 @@ def blocks_needed(
     confidence: float,
     power: float = 0.8,
     direction: Direction = "at_least",
+    method: Method = ROBUST,
 ) -> int:
     """Smallest number of blocks (>= 2) whose ACCEPT probability is at least ``power``.
 
@@ -263,7 +649,7 @@ def blocks_needed(
         )
 
     def ok(n: int) -> bool:
-        return accept_probability(n, sigma, true_ratio, threshold, confidence, direction) >= power
+        return accept_probability(n, sigma, true_ratio, threshold, confidence, direction, method) >= power
 
     hi = 2
     while not ok(hi):
@@ -280,3 +666,55 @@ def blocks_needed(
         else:
             lo = mid
     return hi
+
+
+# --- the design ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OrderBalance:
+    """Whether the blocks a verdict rests on cancel a linear drift in time.
+
+    Within a block the arm that runs second sees one more step of drift; a block run A-then-B
+    adds +d to ln(B/A), B-then-A adds -d. ``drift_weight`` = (A-first - B-first) / blocks is
+    the share of one step's drift d left in the mean log ratio (0 when balanced)."""
+
+    balanced: bool
+    a_first: int
+    b_first: int
+    drift_weight: float
+    warning: str = ""
+
+
+def order_balance(
+    orders: Sequence[Sequence[str]],
+    dropped: Sequence[int] = (),
+    arms: tuple[str, str] = ("A", "B"),
+) -> OrderBalance:
+    """Balance of a design against linear drift: ``orders[b]`` is block b's arms in run order
+    (as ``control.design.block_order`` gives them); ``dropped`` the blocks the verdict cannot
+    use (no valid run of an arm). ABBA with an odd number of blocks, or a dropped block, leaves
+    one arm going first more often: the warning says so and by how much."""
+    first, second = arms
+    dropped_set = set(dropped)
+    kept = [(b, tuple(o)) for b, o in enumerate(orders) if b not in dropped_set]
+    a_first = sum(1 for _, o in kept if o and o[0] == first)
+    b_first = sum(1 for _, o in kept if o and o[0] == second)
+    n = a_first + b_first
+    weight = (a_first - b_first) / n if n else 0.0
+    if a_first == b_first:
+        return OrderBalance(True, a_first, b_first, 0.0)
+    lead, more, fewer = (first, a_first, b_first) if a_first > b_first else (second, b_first, a_first)
+    why = f"blocks {sorted(dropped_set)} dropped; " if dropped_set else ""
+    warning = (
+        f"{why}{n} blocks used: {more} run {lead} first and {fewer} the other way, so a linear "
+        f"drift of d per run shifts ln(B/A) by {weight:+.3g} d (not cancelled); "
+        + ("use an even number of blocks" if not dropped_set else "rerun the dropped block(s) to restore balance")
+    )
+    return OrderBalance(False, a_first, b_first, weight, warning)
+
+
+def abba_orders(blocks: int, arms: tuple[str, str] = ("A", "B")) -> list[tuple[str, str]]:
+    """Run order per block under ABBA (block 0 A-then-B, block 1 B-then-A, ...)."""
+    first, second = arms
+    return [(first, second) if b % 2 == 0 else (second, first) for b in range(blocks)]

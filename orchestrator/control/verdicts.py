@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
+from orchestrator.analysis.stats import (
+    BarEvidence,
+    BlockRatio,
+    CapacityValue,
+    Judgement,
+    judge_bars,
+    order_balance,
+)
+from orchestrator.control.design import block_order
 from orchestrator.plan import Bar, Plan
 
 BACK_TO_BACK = "back_to_back"
@@ -58,15 +66,36 @@ def _at_rate(store, run_id: int, bar: Bar) -> float:
     pts = pts[pts.valid & ((pts.offered_rate - (bar.rate or 0)).abs() <= 1e-6 * max(1.0, bar.rate or 0))]
     if pts.empty:
         return math.nan
-    per_class = pts.per_class.iloc[-1].get(bar.service_class, {})
     key = "goodput_tok_s" if bar.metric == "goodput_at" else "attainment"
-    v = per_class.get(key)
-    return float(v) if v is not None else math.nan
+    # A rate measured more than once keeps the mean of its measurements, not the last one.
+    vals = [v for pc in pts.per_class if (v := (pc or {}).get(bar.service_class, {}).get(key)) is not None]
+    return sum(float(v) for v in vals) / len(vals) if vals else math.nan
 
 
-def _log_ratio(a: float, b: float) -> float:
+def _capacity_value(caps, run_id: int, bar: Bar, value: float) -> CapacityValue:
+    """A stored capacity with its censoring: the columns censored/converged/upper once the store
+    keeps them (CapacityResult's); until then a zero is "no rate passed" (censored below)."""
+    rows = caps[(caps.run_id == run_id) & (caps.class_name == bar.service_class)]
+    row = rows.iloc[0] if len(rows) else {}
+
+    def col(name: str, default):
+        v = row.get(name, default) if hasattr(row, "get") else default
+        return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+    censored, converged, upper = col("censored", None), bool(col("converged", True)), col("upper", None)
+    if censored is None and converged and value > 0:
+        return CapacityValue(value)
+    return CapacityValue(value, lower=value, upper=None if upper is None else max(float(upper), value),
+                         censored=censored, converged=converged)
+
+
+def _block_ratio(block: int, a: float, b: float, caps=None, runs=None, bar: Bar | None = None) -> float | BlockRatio:
+    """A block's ln(B/A), or its interval when a capacity is censored; 0/0 is no ratio, not 1."""
+    if caps is not None and runs is not None and bar is not None:
+        return BlockRatio(block, _capacity_value(caps, runs[(block, "A")], bar, a),
+                          _capacity_value(caps, runs[(block, "B")], bar, b))
     if a <= 0 and b <= 0:
-        return 0.0
+        return BlockRatio.of(block, 0.0, 0.0)
     if a <= 0:
         return math.inf
     if b <= 0:
@@ -80,15 +109,21 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
         return []
     runs = valid_runs(store, experiment_id)
     values = [bar_values(store, experiment_id, bar, runs) for bar in plan.bars]
+    caps = store.capacities(experiment_id) if any(bar.metric == "capacity" for bar in plan.bars) else None
     evidence = [
-        BarEvidence([_log_ratio(a, b) for a, b in v.values()], bar.threshold, bar.confidence, bar.direction)
+        BarEvidence([_block_ratio(blk, a, b, *((caps, runs, bar) if bar.metric == "capacity" else ()))
+                     for blk, (a, b) in v.items()], bar.threshold, bar.confidence, bar.direction)
         for bar, v in zip(plan.bars, values, strict=True)
     ]
     judgements = judge_bars(evidence)
-    return [
-        BarOutcome(bar, j, sorted(v), v)
-        for bar, j, v in zip(plan.bars, judgements, values, strict=True)
-    ]
+    orders = [pair for _, pair in block_order(plan.design)]
+    out = []
+    for bar, j, v in zip(plan.bars, judgements, values, strict=True):
+        balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v])
+        if plan.design.order == "ABBA" and not balance.balanced and v:
+            j = replace(j, note=f"{j.note}; {balance.warning}" if j.note else balance.warning)
+        out.append(BarOutcome(bar, j, sorted(v), v))
+    return out
 
 
 def experiment_complete(store, experiment_id: int, plan: Plan) -> bool:
