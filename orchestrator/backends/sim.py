@@ -110,7 +110,10 @@ class SimBackend(ProcessBackend):
         policy = rc.policy
         argv = [self.router or "vllm-router", "--host", HOST, "--port", str(port),
                 "--prometheus-host", HOST, "--prometheus-port", str(metrics_port),
-                "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker"]
+                "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
+                # The workers start with the router: a worker not up at the router's first look
+                # would otherwise wait out the default 30 s between start-up checks.
+                "--worker-startup-check-interval", "1"]
         if "prefill" in workers:
             argv += ["--vllm-pd-disaggregation"]
             for u in workers["prefill"]:
