@@ -278,6 +278,9 @@ def router_argv(
     argv = [settings.router, "--host", HOST, "--port", str(port),
             "--prometheus-host", HOST, "--prometheus-port", str(metrics_port),
             "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
+            # Engines start with the router: without it a worker not up at the router's first
+            # look waits out the default 30 s between start-up checks.
+            "--worker-startup-check-interval", "2",
             "--worker-startup-timeout-secs", str(settings.router_startup_s)]
     if prefill:
         argv += ["--vllm-pd-disaggregation"]

@@ -90,7 +90,7 @@ def test_both_runs_are_valid_on_the_real_engine(experiment) -> None:
     assert all(r.block == 0 for r in runs) and outcome.complete
     for r in last.values():
         fp = r.fingerprint or {}
-        assert fp["backend"] == "local" and fp["device"] == "cpu" and fp["engine_version"] == "0.32.0"
+        assert fp["backend"] == "local" and fp["details"]["device"] == "cpu" and fp["engine_version"] == "0.32.0"
         # The block's pairing guard was judged and stored against both valid runs.
         (b2b,) = [g for g in store.guard_results(r.id) if g.name == "back_to_back"]
         assert b2b.passed, b2b.detail

@@ -60,8 +60,8 @@ def test_colocated_metrics_are_scraped(backend: LocalBackend, colocated: Deploym
     assert _counter(engine, "vllm:generation_tokens_total") >= 16
     assert "vllm:prefix_cache_queries_total" in engine
     fp = colocated.fingerprint
-    assert fp["engine_version"] == "0.32.0" and fp["device"] == "cpu"
-    assert fp["torch_version"].startswith("2.13.0")
+    assert fp.engine_version == "0.32.0" and fp.details["device"] == "cpu"
+    assert fp.details["torch_version"].startswith("2.13.0")
 
 
 def test_engine_processes_leave_the_generator_a_core(colocated: Deployment) -> None:
