@@ -69,7 +69,6 @@ class ExperimentOutcome:
     experiment_name: str
     registration_id: int
     sha256: str
-    runs: list[RunSummary]
     bars: list[BarOutcome]
     complete: bool  # done, and every planned block counts (valid runs of both arms, guards passed)
     resumed: bool
@@ -135,14 +134,11 @@ class Executor:
         if self.config.max_blocks is not None:
             order = order[: self.config.max_blocks]
         self.progress.blocks(len(order))
-        summaries: list[RunSummary] = []
         config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
         try:
             for block, arms in order:
                 for position, arm in enumerate(arms):
-                    s = self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
-                    if s is not None:
-                        summaries.append(s)
+                    self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
                 self._judge_block(plan, exp_id, block)
                 self.progress.block_done()
         except BaseException:
@@ -158,7 +154,7 @@ class Executor:
             self.store.set_experiment_status(exp_id, "done")
             self.backend.cleanup(exp.name, final=True)
         complete = experiment_complete(self.store, exp_id, plan)
-        return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, summaries, bars, complete, resumed)
+        return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, bars, complete, resumed)
 
     def _recover(self, exp_id: int, exp_name: str) -> None:
         """Runs left 'running' by a process that died are aborted (records kept); its processes

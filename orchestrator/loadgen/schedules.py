@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.plan.workload import ClosedLoop, OpenLoop
+from orchestrator.plan.workload import OpenLoop
 from orchestrator.records import Phase
 
 WARMUP: Phase = "warmup"
@@ -83,13 +83,6 @@ def phase_at(offset: float, warmup_s: float, measure_s: float) -> str:
     if offset < warmup_s:
         return WARMUP
     return MEASURE if offset < warmup_s + measure_s else COOLDOWN
-
-
-def closed_loop_starts(closed: ClosedLoop) -> np.ndarray:
-    """Offset at which each closed-loop user sends its first request: evenly over the ramp-up."""
-    if closed.ramp_up_s <= 0:
-        return np.zeros(closed.users, dtype=np.float64)
-    return np.arange(closed.users, dtype=np.float64) * (closed.ramp_up_s / closed.users)
 
 
 def split_shards(n: int, shards: int) -> list[list[int]]:

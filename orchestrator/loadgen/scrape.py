@@ -58,13 +58,6 @@ async def scrape(url: str, client: httpx.AsyncClient | None = None, timeout_s: f
             await c.aclose()
 
 
-def scrape_sync(url: str, timeout_s: float = 5.0) -> list[Sample]:
-    """Blocking ``scrape`` for callers without an event loop."""
-    resp = httpx.get(metrics_url(url), timeout=timeout_s)
-    resp.raise_for_status()
-    return parse_metrics(resp.text)
-
-
 @dataclass
 class PeriodicScraper:
     """``async with PeriodicScraper(url, every_s=5) as s: <run the point>`` scrapes before,

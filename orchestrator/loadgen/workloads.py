@@ -262,8 +262,3 @@ def expected_prefix_hit_rate(requests: Sequence[RequestSpec], workers: int, poli
 def ideal_prefix_hit_rate(requests: Sequence[RequestSpec]) -> float:
     """Upper bound: one cache that sees every request (perfect routing, no eviction)."""
     return expected_prefix_hit_rate(requests, 1, "round_robin")
-
-
-def approx_prefix_hit_rate(share: float, workers: int) -> float:
-    """The seed notes' first-order round-robin figure h ~ s + (1 - s)/n (multi-turn traffic)."""
-    return share + (1 - share) / workers

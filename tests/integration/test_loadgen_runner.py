@@ -74,13 +74,13 @@ def test_records_carry_usage_chunks_and_exact_prompt_tokens(fast_server, client)
 
 def test_server_counts_the_same_prompt_tokens_as_the_workload():
     # The null server reports usage.prompt_tokens = words; /metrics sums them.
-    from orchestrator.loadgen.scrape import scrape_sync
+    from orchestrator.loadgen.scrape import scrape
 
     reqs = build_requests(_workload(api="chat", turns=3), 30, seed=4)
     with NullServerProcess() as url:
-        before = {x.name: x.value for x in scrape_sync(url)}
+        before = {x.name: x.value for x in asyncio.run(scrape(url))}
         s = asyncio.run(run_point(url, "null", reqs, _even(30, 0.005), ["measure"] * 30, api="chat"))
-        after = {x.name: x.value for x in scrape_sync(url)}
+        after = {x.name: x.value for x in asyncio.run(scrape(url))}
     assert s.by_status["ok"] == 30
     got = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
     assert got == sum(r.prompt_tokens for r in reqs)

@@ -7,7 +7,6 @@ import pytest
 from scipy import stats
 
 from orchestrator.loadgen.schedules import (
-    closed_loop_starts,
     derive_seed,
     open_loop_offsets,
     phase_at,
@@ -15,7 +14,7 @@ from orchestrator.loadgen.schedules import (
     schedule_hash,
     split_shards,
 )
-from orchestrator.plan import ClosedLoop, OpenLoop
+from orchestrator.plan import OpenLoop
 
 
 def test_poisson_offsets_are_seeded_sorted_and_bounded():
@@ -68,12 +67,6 @@ def test_derive_seed_is_stable_and_distinct_per_block():
     assert derive_seed(7, "block", 0) == derive_seed(7, "block", 0)
     assert derive_seed(7, "block", 0) != derive_seed(7, "block", 1)
     assert 0 <= derive_seed(7, "x") < 2**63
-
-
-def test_closed_loop_users_ramp_evenly():
-    starts = closed_loop_starts(ClosedLoop(users=4, ramp_up_s=2.0))
-    assert np.allclose(starts, [0.0, 0.5, 1.0, 1.5])
-    assert np.allclose(closed_loop_starts(ClosedLoop(users=3)), 0.0)
 
 
 def test_shards_split_every_request_once():
