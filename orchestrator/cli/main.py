@@ -7,7 +7,6 @@ traceback unless ORCH_DEBUG=1); 2 an environment problem; `verdict --gate` adds 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -22,7 +21,7 @@ from orchestrator.cli.apps import app
 from orchestrator.errors import OrchestratorError, UserError
 
 # Each module attaches its commands to the apps in `apps`; listed here so `orch --help` is
-# complete and stable. A module not written yet is skipped (find_spec), a broken one is not.
+# complete and stable.
 COMMAND_MODULES = (
     "plan_cmd",
     "db_cmd",
@@ -64,9 +63,7 @@ def _register(argv: list[str] | None = None) -> None:
     if "--help" in args or "-h" in args:
         names = COMMAND_MODULES if first is None else names
     for name in names:
-        full = f"orchestrator.cli.{name}"
-        if importlib.util.find_spec(full) is not None:
-            importlib.import_module(full)
+        importlib.import_module(f"orchestrator.cli.{name}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """The wheel carries what an installed orchestrator needs beyond its modules: the migrations
-(the store creates its schema from them) and the Kubernetes manifest bases."""
+(the store creates its schema from them), the Kubernetes manifest bases, and ``py.typed`` (the
+package is type-checked; a checker of an importing project reads its annotations)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ def test_the_wheel_ships_migrations_and_manifests(wheel: Path) -> None:
     assert "orchestrator/_data/migrations/env.py" in names
     for base in (ROOT / "manifests").glob("*.yaml"):
         assert f"orchestrator/_data/manifests/{base.name}" in names
+    assert "orchestrator/py.typed" in names
+    # subpackages are found, not listed: the local backend's package ships whole
+    for part in ("__init__", "backend", "commands", "device", "settings"):
+        assert f"orchestrator/backends/local/{part}.py" in names
 
 
 def test_an_installed_wheel_migrates_a_new_database_and_renders_manifests(wheel: Path, tmp_path: Path) -> None:

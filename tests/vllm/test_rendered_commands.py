@@ -6,7 +6,7 @@ engine knob the plan language has, as each backend renders them:
 
 - Kubernetes (``render.render_arm``): the vLLM container's ``command + args`` (``vllm serve ...``)
   and the router container's (``vllm-router ...``, service-discovery form);
-- local (``local_commands.render_arm``), on a CPU box (``python -m
+- local (``orchestrator.backends.local.render_arm``), on a CPU box (``python -m
   vllm.entrypoints.openai.api_server ...`` under taskset) and on a GPU box (``python -m
   vllm.entrypoints.cli.main serve ...``), and its router (static-URL form);
 - sim (``SimBackend._router_argv``): the router over simulated workers.
@@ -43,8 +43,8 @@ from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.render import KV_CONNECTORS, namespace_of
 from orchestrator.backends.kubernetes.render import render_arm as k8s_render
-from orchestrator.backends.local_commands import Device, LocalSettings, sequential_ports
-from orchestrator.backends.local_commands import render_arm as local_render
+from orchestrator.backends.local import Device, LocalSettings, sequential_ports
+from orchestrator.backends.local import render_arm as local_render
 from orchestrator.backends.sim import SimBackend, router_binary
 from orchestrator.backends.vllm_env import VllmEnv
 from orchestrator.errors import PermanentError

@@ -1,130 +1,30 @@
 """Command lines of the local backend: what each vLLM worker and the router of an arm get.
 
-Pure but for the ports it is handed (golden-tested in tests/unit/test_local_commands.py). See
-``orchestrator.backends.local`` for what an arm becomes and why.
+Pure: it reads the plan, the ``Device`` and ``LocalSettings`` it is handed and the ports it
+draws from the iterator it is handed, and asks the machine nothing (detection is ``device``,
+free ports and processes are ``backend``). Golden-tested in tests/unit/test_local_commands.py;
+see ``orchestrator.backends.local`` for what an arm becomes and why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
-
-from orchestrator.backends.processes import free_port
-from orchestrator.backends.vllm_env import TINY_MODEL_ID, VllmEnv
+from orchestrator.backends.local.device import Device
+from orchestrator.backends.local.settings import LocalSettings
+from orchestrator.backends.vllm_env import TINY_MODEL_ID
 from orchestrator.errors import PermanentError, UserError
 from orchestrator.plan import GPUS, Arm, Plan
-from orchestrator.plan.base import StrictModel
 
 HOST = "127.0.0.1"
 ENGINE_MODULE_GPU = ("-m", "vllm.entrypoints.cli.main", "serve")  # what `vllm serve` runs
 ENGINE_MODULE_CPU = ("-m", "vllm.entrypoints.openai.api_server")
 TASKSET = "taskset"  # util-linux: pins a CPU engine's process tree (children inherit it)
-
-
-# -- where and how ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Device:
-    """What the engines run on: ``cuda`` with ``gpus`` GPUs named ``name``, or ``cpu``.
-
-    ``cpus``: the logical CPUs this process may use (CPU arms split them between engines;
-    empty: unknown, vLLM binds on its own)."""
-
-    kind: Literal["cuda", "cpu"]
-    gpus: int = 0
-    name: str = ""
-    cpus: tuple[int, ...] = ()
-
-    @classmethod
-    def detect(cls) -> Device:
-        """GPUs as nvidia-smi lists them (respecting CUDA_VISIBLE_DEVICES), else the CPU."""
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            try:
-                out = subprocess.run(
-                    [smi, "--query-gpu=name", "--format=csv,noheader"],
-                    capture_output=True, text=True, timeout=20, check=True,
-                ).stdout
-                names = [n.strip() for n in out.splitlines() if n.strip()]
-                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-                if visible is not None:
-                    keep = [int(i) for i in visible.split(",") if i.strip().isdigit()]
-                    names = [names[i] for i in keep if i < len(names)]
-                if names:
-                    return cls(kind="cuda", gpus=len(names), name=names[0])
-            except (OSError, subprocess.SubprocessError, ValueError):
-                pass
-        return cls(kind="cpu", gpus=0, name=_cpu_name(), cpus=_allowed_cpus())
-
-
-def _allowed_cpus() -> tuple[int, ...]:
-    with contextlib.suppress(AttributeError, OSError):
-        return tuple(sorted(os.sched_getaffinity(0)))
-    return tuple(range(os.cpu_count() or 1))
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "cpu"
-
-
-class LocalSettings(StrictModel):
-    """How the local backend starts engines; defaults fit the CPU environment of ``make vllm``."""
-
-    python: str = Field(description="Interpreter of the vLLM environment (runs the engines).")
-    router: str = Field(description="The vllm-router executable.")
-    model_path: str | None = Field(
-        default=None,
-        description="Weights folder or hub id served instead of the plan's model.hf_id "
-        f"(the plan's id {TINY_MODEL_ID!r} always means the tiny model of `make vllm`).",
-    )
-    tiny_model_dir: str | None = Field(default=None, description="Folder of the tiny model.")
-    cpu_kvcache_gib: int = Field(default=1, ge=1, description="CPU: KV cache size, GiB per engine.")
-    cpu_max_model_len: int = Field(
-        default=1024, ge=16, description="CPU: context length when the plan sets none."
-    )
-    cpu_reserved: int = Field(
-        default=1, ge=0,
-        description="CPU: cores kept free of engines for the load generator (and router); the "
-        "engines' whole process trees are pinned to the others with taskset. 0: no pinning.",
-    )
-    router_startup_s: int = Field(
-        default=600, ge=1, description="How long the router waits for its workers to answer."
-    )
-    stop_grace_s: float = Field(
-        default=15.0, gt=0, description="Teardown: seconds between SIGTERM and SIGKILL."
-    )
-    check_version: bool = Field(
-        default=True, description="Refuse an arm whose engine.version differs from the installed vLLM."
-    )
-
-    @classmethod
-    def from_env(cls, env: VllmEnv | None = None, **over: Any) -> LocalSettings:
-        """Settings pointing at the vLLM environment built by ``make vllm`` (or ORCH_VLLM_PYTHON)."""
-        env = env or VllmEnv.default()
-        python = os.environ.get("ORCH_VLLM_PYTHON") or str(env.python)
-        router = _router_binary() or "vllm-router"
-        return cls(python=python, router=router, tiny_model_dir=str(env.model_dir), **over)
-
-
-def _router_binary() -> str | None:
-    beside = Path(sys.executable).parent / "vllm-router"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("vllm-router")
 
 
 # -- the command lines -----------------------------------------------------------------------
@@ -445,7 +345,7 @@ def _check_gpus(arm: Arm, arm_name: str, device: Device) -> None:
     if device.name and not any(have.startswith(lbl) or lbl.startswith(have) for lbl in labels):
         raise PermanentError(
             f"arm {arm_name} asks for {arm.gpu} but this machine's GPUs are {device.name!r}: "
-            "change arms.{arm_name}.gpu or run where that GPU is"
+            f"change arms.{arm_name}.gpu or run where that GPU is"
         )
 
 
@@ -455,13 +355,3 @@ def sequential_ports(start: int) -> Iterator[int]:
     while True:
         yield p
         p += 1
-
-
-def free_ports() -> Iterator[int]:
-    """Ports free on the loopback right now, none repeated."""
-    seen: set[int] = set()
-    while True:
-        p = free_port(HOST)
-        if p not in seen:
-            seen.add(p)
-            yield p

@@ -1,30 +1,5 @@
-"""The local backend: real vLLM engines and the real vllm-router as processes on this machine.
-
-A user with one GPU box and no Kubernetes runs ``backend: local``; on a machine without a GPU
-the same code runs vLLM's CPU build (``make vllm``) with the tiny model, so the whole pipeline
-is proven against the real engine.
-
-What an arm becomes (``local_commands.render_arm``, pure and golden-tested):
-- one ``vllm serve`` process per worker. On a GPU box each gets ``CUDA_VISIBLE_DEVICES`` with
-  its TP-many GPUs (prefill pool first, then decode); on CPU, ``VLLM_CPU_KVCACHE_SPACE`` sizes
-  the KV cache; one core is kept free for the load generator and the engines' process trees
-  are pinned to the others (taskset: a saturated engine busy-polls, and a generator sharing its
-  cores falls behind its schedule); with two or more engines, ``VLLM_CPU_OMP_THREADS_BIND``
-  gives each its own share of those cores (vLLM's "auto" would bind them all to the same ones). The GPU form is the ``vllm`` console entry point's module
-  (``python -m vllm.entrypoints.cli.main serve``), exactly ``vllm serve``; the CPU packaging
-  (``vllm-cpu``) breaks the console command, so there the OpenAI server module runs directly.
-- disaggregated arms: ``--kv-transfer-config`` with NixlConnector on GPUs; on CPU, where NIXL
-  has no transport, ExampleConnector (the shared-storage connector): the producer writes each
-  prompt's KV to a folder of the run, the consumer reads it back (``external_prefix_cache_hits``).
-- ``vllm-router`` in front: the plan's policy over the workers, or its P/D mode
-  (``--vllm-pd-disaggregation``: prefill with max_tokens 1, then decode). Retries and the
-  circuit breaker are off: a retried request would hide a failure the guards must count.
-
-Every process runs in its own process group (teardown stops the whole group, so EngineCore
-and worker children go too), logs to a file in the run's folder (commands.txt beside them),
-carries ``ORCH_RUN=<slug>`` in its environment, and is listed in a state file so ``cleanup``
-finds the leftovers of a crashed controller.
-"""
+"""``LocalBackend``: starts, checks, scrapes and stops the processes ``commands`` renders
+(the package docstring says what an arm becomes)."""
 
 from __future__ import annotations
 
@@ -38,37 +13,15 @@ from typing import Any
 
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
-from orchestrator.backends.local_commands import (
-    HOST,
-    TASKSET,
-    ArmLayout,
-    CpuShare,
-    Device,
-    LocalSettings,
-    ProcessSpec,
-    cpu_shares,
-    engine_argv,
-    free_ports,
-    model_source,
-    render_arm,
-    router_argv,
-    sequential_ports,
-    served_name,
-)
-from orchestrator.backends.processes import ProcessBackend, group_members, stop_group
+from orchestrator.backends.local.commands import HOST, TASKSET, ArmLayout, render_arm
+from orchestrator.backends.local.device import Device
+from orchestrator.backends.local.settings import LocalSettings
+from orchestrator.backends.processes import ProcessBackend, free_port
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.errors import PermanentError
 from orchestrator.plan import Arm, Plan
 
-__all__ = [
-    "HOST", "ArmLayout", "Device", "LocalBackend", "LocalSettings", "ProcessSpec", "CpuShare",
-    "cpu_shares", "engine_argv",
-    "free_ports", "group_members", "model_source", "render_arm", "router_argv",
-    "sequential_ports", "served_name", "stop_group",
-]
 
-
-# -- the backend -----------------------------------------------------------------------------
 class LocalBackend(ProcessBackend):
     """Real vLLM engines and vllm-router as local processes (GPU box, or CPU with the tiny model)."""
 
@@ -184,3 +137,13 @@ class LocalBackend(ProcessBackend):
 def _policy(layout: ArmLayout) -> str:
     argv = layout.router.argv
     return argv[argv.index("--policy") + 1]
+
+
+def free_ports() -> Iterator[int]:
+    """Ports free on the loopback right now, none repeated."""
+    seen: set[int] = set()
+    while True:
+        p = free_port(HOST)
+        if p not in seen:
+            seen.add(p)
+            yield p
