@@ -248,9 +248,8 @@ class PointRunner:
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
             per_class=doc["per_class"],
-            percentiles={**{k: doc[k] for k in ("ttft_s", "tpot_s", "max_gap_s", "e2e_s")},
-                         "context": context_doc},
-            valid=all(g.passed for g in guards),
+            percentiles={k: doc[k] for k in ("ttft_s", "tpot_s", "max_gap_s", "e2e_s")},
+            context=context_doc, valid=all(g.passed for g in guards),
         )
         self.store.record_guards(run_id, point_id, guards)
         snapshots = [(before_t, before), *during.snapshots, (after_t, after)]

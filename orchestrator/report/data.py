@@ -88,7 +88,7 @@ def load_experiment(store, key: int | str) -> ExperimentData:
         guards[r.id] = store.guard_results(r.id)
     point_columns = ["id", "run_id", "seq", "search_class", "offered_rate", "users", "window_start_s",
                      "window_end_s", "achieved_rate", "throughput_tok_s", "n_scheduled", "per_class",
-                     "percentiles", "valid", "created_at", "arm", "block", "attempt", "run_valid"]
+                     "percentiles", "context", "valid", "created_at", "arm", "block", "attempt", "run_valid"]
     points = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=point_columns)
     metrics = (pd.concat(metric_frames, ignore_index=True) if metric_frames
                else pd.DataFrame(columns=["t", "name", "labels", "value", "point_id", "run_id"]))

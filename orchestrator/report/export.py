@@ -18,15 +18,16 @@ RUN_COLUMNS = ("experiment", "run_id", "arm", "block", "attempt")
 
 
 def points_frame(data: ExperimentData) -> pd.DataFrame:
-    """One row per load point; ``per_class`` and ``percentiles`` flattened to dotted columns
-    (``standard.attainment``, ``ttft_s.p99``, ``context.server_prefix_hit_rate``)."""
+    """One row per load point; ``per_class``, ``percentiles`` and ``context`` flattened to dotted
+    columns (``standard.attainment``, ``ttft_s.p99``, ``context.server_prefix_hit_rate``)."""
     pts = data.points
     if pts.empty:
         return pd.DataFrame(columns=[*RUN_COLUMNS, "point_id"])
-    base = pts.drop(columns=["per_class", "percentiles", "run_valid"]).rename(columns={"id": "point_id"})
+    base = pts.drop(columns=["per_class", "percentiles", "context", "run_valid"]).rename(columns={"id": "point_id"})
     per_class = pd.json_normalize([pc or {} for pc in pts.per_class], sep=".")
     pct = pd.json_normalize([p or {} for p in pts.percentiles], sep=".")
-    frame = pd.concat([base.reset_index(drop=True), per_class, pct], axis=1)
+    ctx = pd.json_normalize([{"context": c} if isinstance(c, dict) and c else {} for c in pts.context], sep=".")
+    frame = pd.concat([base.reset_index(drop=True), per_class, pct, ctx], axis=1)
     frame.insert(0, "experiment", data.experiment.name)
     frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True)
     lead = [*RUN_COLUMNS, "point_id", "seq"]

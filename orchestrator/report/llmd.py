@@ -197,7 +197,7 @@ def point_report(data: ExperimentData, point: Any) -> br.BenchmarkReport:
     run = data.run(int(point.run_id))
     plan = data.plan
     window = float(point.window_end_s - point.window_start_s)
-    context = (point.percentiles or {}).get("context", {}) if isinstance(point.percentiles, dict) else {}
+    context = point.context if isinstance(point.context, dict) else {}
     started = context.get("started_at")
     start = (datetime.fromtimestamp(started, UTC) + timedelta(seconds=float(point.window_start_s))
              if started else None)

@@ -150,7 +150,9 @@ class LoadPoint(Base):
     throughput_tok_s: Mapped[float | None] = mapped_column(sa.Double)
     n_scheduled: Mapped[int | None] = mapped_column(sa.Integer)
     per_class: Mapped[Any] = mapped_column(JSONDoc)
-    percentiles: Mapped[Any] = mapped_column(JSONDoc)
+    percentiles: Mapped[Any] = mapped_column(JSONDoc)  # latency percentiles (ttft_s, tpot_s, ...)
+    # What the point was measured under: prefix hit rates, send lag, start time, seed (0005).
+    context: Mapped[Any] = mapped_column(JSONDoc, nullable=True)
     valid: Mapped[bool] = mapped_column(sa.Boolean)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -202,11 +204,15 @@ class GuardResultRow(Base):
 
 
 class Capacity(Base):
-    """A run's capacity at one service class (DESIGN section 7)."""
+    """A run's capacity at one service class (DESIGN section 7), with its censoring: ``censored``
+    (NULL, below_min, above_max or at_ceiling), ``converged`` and ``upper`` (a bound on the true
+    capacity; NULL: unbounded). Only an uncensored, converged capacity is a point estimate."""
 
     __tablename__ = "capacities"
     __table_args__ = (
         sa.UniqueConstraint("run_id", "class_name"),
+        sa.CheckConstraint("censored IS NULL OR censored IN ('below_min', 'above_max', 'at_ceiling')",
+                           name="censored"),
         # time-ranged history reads one range of this index (capacities that count only)
         sa.Index(
             "ix_capacities_counted_measured_at", "measured_at",
@@ -222,6 +228,9 @@ class Capacity(Base):
     at_rate: Mapped[float | None] = mapped_column(sa.Double)
     attainment: Mapped[float | None] = mapped_column(sa.Double)
     points_used: Mapped[int] = mapped_column(sa.Integer)
+    censored: Mapped[str | None] = mapped_column(sa.String(20))
+    converged: Mapped[bool] = mapped_column(sa.Boolean, default=True, server_default=sa.true())
+    upper: Mapped[float | None] = mapped_column(sa.Double)
     # Copies of the run's configuration, validity and end time, kept by the repository
     # (summaries.sync_capacities) so history needs no join to runs.
     config_id: Mapped[int | None] = mapped_column(sa.ForeignKey("deployment_configs.id", ondelete=CASCADE))
@@ -254,6 +263,10 @@ class BarVerdict(Base):
     lower: Mapped[float | None] = mapped_column(sa.Double)
     upper: Mapped[float | None] = mapped_column(sa.Double)
     blocks: Mapped[int] = mapped_column(sa.Integer)
+    label: Mapped[str | None] = mapped_column(sa.Text)  # exactly what lower..upper is (0005)
+    note: Mapped[str | None] = mapped_column(sa.Text)
+    # blocks used, censored and dropped blocks with their reasons, the level of each bound
+    evidence: Mapped[Any] = mapped_column(JSONDoc, nullable=True)
     judged_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

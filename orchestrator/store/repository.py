@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from orchestrator.store.models import (
     Run,
 )
 from orchestrator.store.rows import (
+    CENSORING,
     EXPERIMENT_STATUSES,
     RUN_STATUSES,
     TERMINAL_STATUSES,
@@ -372,8 +374,10 @@ class Store:
         percentiles: Mapping[str, Any] | None = None,
         valid: bool = True,
         search_class: str | None = None,
+        context: Mapping[str, Any] | None = None,
     ) -> int:
-        """One load point's figures (per_class: class -> goodput, attainment, ...). Returns its id."""
+        """One load point's figures (per_class: class -> goodput, attainment, ...; percentiles:
+        latency percentiles; context: what it was measured under). Returns its id."""
         with self._sessions.begin() as s:
             row = LoadPoint(
                 run_id=run_id, seq=seq, search_class=search_class, offered_rate=offered_rate,
@@ -381,6 +385,7 @@ class Store:
                 achieved_rate=achieved_rate, throughput_tok_s=throughput_tok_s,
                 n_scheduled=n_scheduled, per_class=_plain(dict(per_class or {})),
                 percentiles=_plain(dict(percentiles or {})), valid=bool(valid),
+                context=None if context is None else _plain(dict(context)),
             )
             s.add(row)
             s.flush()
@@ -395,6 +400,7 @@ class Store:
         per_class: Mapping[str, Any],
         percentiles: Mapping[str, Any],
         valid: bool,
+        context: Mapping[str, Any] | None = None,
     ) -> None:
         """Complete a point opened by ``record_point`` before its records streamed in."""
         with self._sessions.begin() as s:
@@ -403,6 +409,8 @@ class Store:
                 raise NotFound(f"no load point with id {point_id}")
             row.achieved_rate, row.throughput_tok_s = achieved_rate, throughput_tok_s
             row.per_class, row.percentiles = _plain(dict(per_class)), _plain(dict(percentiles))
+            if context is not None:
+                row.context = _plain(dict(context))
             row.valid = bool(valid)
 
     def points(self, run_id: int) -> pd.DataFrame:
@@ -442,10 +450,17 @@ class Store:
 
     def record_capacity(
         self, run_id: int, class_name: str, capacity: float, at_rate: float | None,
-        attainment: float | None, points_used: int,
+        attainment: float | None, points_used: int, *, censored: str | None = None,
+        converged: bool = True, upper: float | None = None,
     ) -> None:
-        """A run's capacity at a class; recording it again replaces it (a resumed search)."""
-        values = dict(capacity=float(capacity), at_rate=at_rate, attainment=attainment, points_used=int(points_used))
+        """A run's capacity at a class with its censoring (None, below_min, above_max or
+        at_ceiling), whether the search converged, and the upper bound on the true capacity
+        (None or inf: unbounded); recording it again replaces it (a resumed search)."""
+        if censored is not None and censored not in CENSORING:
+            raise ValueError(f"censored must be None or one of {', '.join(CENSORING)} (got {censored!r})")
+        top = None if upper is None or not math.isfinite(float(upper)) else float(upper)
+        values = dict(capacity=float(capacity), at_rate=at_rate, attainment=attainment, points_used=int(points_used),
+                      censored=censored, converged=bool(converged), upper=top)
         with self._sessions.begin() as s:
             run = s.get(Run, run_id)
             if run is None:
@@ -461,12 +476,14 @@ class Store:
             summaries.refresh(s, run.config_id, [class_name])
 
     def capacities(self, experiment_id: int) -> pd.DataFrame:
-        """Per run and class: arm, block, attempt, validity, capacity (input to a bar's statistics)."""
+        """Per run and class: arm, block, attempt, validity, capacity and its censoring
+        (censored, converged, upper: NULL/None is unbounded) - the input to a bar's statistics."""
         stmt = (
             sa.select(
                 Run.id.label("run_id"), Run.arm, Run.block, Run.position, Run.attempt, Run.status,
                 Run.valid, Capacity.class_name, Capacity.capacity, Capacity.at_rate,
-                Capacity.attainment, Capacity.points_used,
+                Capacity.attainment, Capacity.points_used, Capacity.censored, Capacity.converged,
+                Capacity.upper,
             )
             .join(Capacity, Capacity.run_id == Run.id)
             .where(Run.experiment_id == experiment_id)
@@ -478,13 +495,17 @@ class Store:
     def record_verdict(
         self, experiment_id: int, registration_id: int, bar_id: str, verdict: str,
         estimate: float | None, lower: float | None, upper: float | None, blocks: int,
+        *, label: str | None = None, note: str | None = None, evidence: Mapping[str, Any] | None = None,
     ) -> None:
-        """A bar's verdict, judged against the experiment's registration (the only one allowed)."""
+        """A bar's verdict, judged against the experiment's registration (the only one allowed),
+        with what it rests on: ``label`` (exactly what lower..upper is), ``note`` and
+        ``evidence`` (blocks used, censored and dropped blocks and why)."""
         if verdict not in VERDICTS:
             raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
         values = dict(
             registration_id=registration_id, verdict=verdict, estimate=estimate, lower=lower,
-            upper=upper, blocks=int(blocks), judged_at=utcnow(),
+            upper=upper, blocks=int(blocks), judged_at=utcnow(), label=label or None, note=note or None,
+            evidence=None if evidence is None else _plain(dict(evidence)),
         )
         with self._sessions.begin() as s:
             exp = s.get(Experiment, experiment_id)
@@ -508,7 +529,7 @@ class Store:
             rows = s.scalars(sa.select(BarVerdict).where(BarVerdict.experiment_id == experiment_id).order_by(BarVerdict.bar_id))
             return [
                 VerdictInfo(r.experiment_id, r.registration_id, r.bar_id, r.verdict, r.estimate,
-                            r.lower, r.upper, r.blocks, r.judged_at)
+                            r.lower, r.upper, r.blocks, r.judged_at, r.label, r.note, r.evidence)
                 for r in rows
             ]
 

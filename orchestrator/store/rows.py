@@ -15,6 +15,8 @@ EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
 RUN_STATUSES = ("running", "done", "failed", "aborted")
 VERDICTS = ("ACCEPT", "REJECT", "INCONCLUSIVE")
+# A capacity's censoring (analysis.stats.CENSORING; the column's check constraint).
+CENSORING = ("below_min", "above_max", "at_ceiling")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,9 @@ class VerdictInfo:
     upper: float | None
     blocks: int
     judged_at: datetime
+    label: str | None = None  # exactly what lower..upper is (None: judged before it was stored)
+    note: str | None = None
+    evidence: dict[str, Any] | None = None  # blocks used, censored and dropped blocks and why
 
 
 def arm_config(plan: Plan, arm: str) -> dict[str, Any]:

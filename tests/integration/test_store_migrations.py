@@ -94,6 +94,52 @@ def test_upgrade_to_summaries_summarises_existing_history(db_url: str) -> None:
     engine.dispose()
 
 
+def test_0005_moves_a_points_context_to_its_column_and_back(db_url: str) -> None:
+    """0005 on a database that holds points and capacities: each point's context leaves its
+    percentiles for the context column (infinities kept as stored), capacities stored before
+    count as converged and uncensored; the downgrade puts every context back."""
+    import json
+
+    from orchestrator.plan import load_plan_file
+    from orchestrator.store import Store
+
+    engine = create_engine(db_url)
+    upgrade(engine, "0004")
+    plan = load_plan_file(MIGRATIONS_DIR.parent / "examples" / "quickstart.yaml")
+    store = Store(engine)
+    reg = store.register_plan(plan)
+    exp = store.create_experiment(reg.id)
+    cfg = store.deployment_config(plan, "A")
+    ctx = {"server_prefix_hit_rate": 0.61, "send_lag_p99_s": "Infinity", "seed": 7}
+    pct = {"ttft_s": {"99": "Infinity"}, "context": ctx}
+    with engine.begin() as conn:
+        run = conn.execute(sa.text(
+            "insert into runs (experiment_id, config_id, arm, block, position, attempt, status, valid, started_at) "
+            "values (:e, :c, 'A', 0, 0, 0, 'done', true, '2026-01-01 10:00:00') returning id"),
+            {"e": exp, "c": cfg}).scalar_one()
+        for seq, doc in enumerate([pct, {"ttft_s": {}}]):
+            conn.execute(sa.text(
+                "insert into load_points (run_id, seq, window_start_s, window_end_s, per_class, percentiles, valid, "
+                "created_at) values (:r, :s, 0, 1, '{}', :p, true, '2026-01-01 10:00:00')"),
+                {"r": run, "s": seq, "p": json.dumps(doc)})
+        conn.execute(sa.text("insert into capacities (run_id, class_name, capacity, points_used) "
+                             "values (:r, 'interactive', 100, 5)"), {"r": run})
+    upgrade(engine)
+
+    def points(columns: str = "percentiles, context") -> list[tuple[object, ...]]:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(f"select {columns} from load_points order by seq")).all()
+        return [tuple(json.loads(v) if isinstance(v, str) else v for v in r) for r in rows]
+
+    assert points() == [({"ttft_s": {"99": "Infinity"}}, ctx), ({"ttft_s": {}}, None)]
+    with engine.connect() as conn:
+        cap = conn.execute(sa.text("select censored, converged, upper from capacities")).one()
+    assert (cap[0], bool(cap[1]), cap[2]) == (None, True, None)
+    downgrade(engine, "0004")
+    assert points("percentiles") == [(pct,), ({"ttft_s": {}},)]
+    engine.dispose()
+
+
 def test_models_match_the_migrated_schema(db_url: str) -> None:
     engine = create_engine(db_url)
     upgrade(engine)

@@ -186,6 +186,47 @@ def test_every_record_reads_back(store: Store) -> None:
     assert samples.loc[0, "labels"] == {"pod": "w0"}
 
 
+def test_a_capacity_keeps_its_censoring_and_a_point_its_context(store: Store) -> None:
+    """Issue 17: a capacity at the generator's ceiling is a bound (censored, upper unbounded);
+    issue 16: a point's context is its own column, not a key of its percentiles."""
+    reg, exp, run, point = _experiment_with_everything(store)
+    caps = store.capacities(exp)
+    assert caps[["censored", "converged", "upper"]].values.tolist() == [[None, True, None]]
+    store.record_capacity(run, "interactive", 250.0, 8.0, 0.97, 4, censored="at_ceiling", converged=True,
+                          upper=math.inf)
+    store.record_capacity(run, "standard", 900.0, 8.0, 0.95, 7, converged=False, upper=990.0)
+    def plain(x: object) -> object:  # pandas reads SQL NULL as None or NaN, by column
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+    caps = {r["class_name"]: {k: plain(v) for k, v in r.items()} for r in store.capacities(exp).to_dict("records")}
+    assert [caps["interactive"][k] for k in ("capacity", "censored", "converged", "upper")] == [
+        250.0, "at_ceiling", True, None]
+    assert [caps["standard"][k] for k in ("censored", "converged", "upper")] == [None, False, 990.0]
+    with pytest.raises(ValueError):
+        store.record_capacity(run, "interactive", 1.0, 1.0, 1.0, 1, censored="sideways")
+    with pytest.raises(IntegrityError), store.engine.begin() as conn:  # and the database agrees
+        conn.execute(sa.text("update capacities set censored = 'sideways'"))
+
+    later = store.record_point(run, seq=1, window_start_s=1.0, window_end_s=7.0, offered_rate=5.0,
+                               context={"server_prefix_hit_rate": 0.5, "send_lag_p99_s": math.inf})
+    store.finish_point(later, achieved_rate=5.0, throughput_tok_s=1.0, per_class={},
+                       percentiles={"ttft_s": {"99": 0.2}}, valid=True,
+                       context={"server_prefix_hit_rate": 0.6, "seed": 3})
+    pts = store.points(run).set_index("id")
+    assert pts.loc[later, "context"] == {"server_prefix_hit_rate": 0.6, "seed": 3}
+    assert pts.loc[later, "percentiles"] == {"ttft_s": {"99": 0.2}}
+    assert pts.loc[point, "context"] is None
+
+    evidence = {"blocks_used": [0, 1], "censored": ["block 1: A at the load generator's ceiling"],
+                "dropped": [{"block": 2, "why": "arm B: no valid run"}], "upper_level": 0.95}
+    store.record_verdict(exp, reg, "interactive-capacity", "INCONCLUSIVE", 1.1, 0.9, math.inf, 2,
+                         label="B/A 0.9..inf: each end a one-sided 95% bound", note="1 block(s) censored",
+                         evidence=evidence)
+    (v,) = store.verdicts(exp)
+    assert (v.label, v.note, v.evidence) == ("B/A 0.9..inf: each end a one-sided 95% bound", "1 block(s) censored",
+                                             evidence)
+
+
 def test_a_run_is_started_once_per_attempt(store: Store) -> None:
     _, exp, run, _ = _experiment_with_everything(store)
     cfg = store.runs(exp)[0].config_id
