@@ -3,16 +3,10 @@ of one H100-PCIe runs them one at a time, status lives in the store."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,59 +16,19 @@ import yaml
 
 from orchestrator.store import Store
 from tests.e2e.helpers import BASE
+from tests.support.ray_head import ray_head as start_ray_head
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def ray_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """`ray start --head --block` in its own process group, with a GPU pool of one H100-PCIe."""
-    port = _free_port()
-    temp = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")  # short: Ray's socket paths are limited
-    # Ray >= 2.52 authenticates every control-plane call with a static token: one per test,
-    # given to the head and to every client through the environment.
-    env = {**os.environ, "ORCH_SKIP_CALIBRATION": "1", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
-           "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
+    """A local Ray head (tests/support/ray_head.py) with a GPU pool of one H100-PCIe."""
+    env = {"ORCH_SKIP_CALIBRATION": "1", "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
            "ORCH_STATE_DIR": str(tmp_path / "state")}
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    log = open(tmp_path / "ray-head.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
-         "--node-ip-address=127.0.0.1",  # loopback only
-         '--resources={"H100-PCIe": 1}', "--include-dashboard=false", f"--temp-dir={temp}",
-         "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert proc.poll() is None, (tmp_path / "ray-head.log").read_text()[-3000:]
-            time.sleep(0.5)
-        time.sleep(3)  # GCS listens before the raylet registers
-        yield address, env
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+    with start_ray_head(tmp_path, {"H100-PCIe": 1}, env) as head:
+        yield head
 
 
 def orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
