@@ -56,6 +56,8 @@ def serve(
     arm: str = typer.Option(None, "--arm", help="A or B (with --plan)."),
     whole_arm: bool = typer.Option(False, "--whole-arm", help="Serve the whole arm in one process."),
     fault_ignore_max_tokens: bool = typer.Option(False, "--fault-ignore-max-tokens"),
+    fault_ignore_max_tokens_streaming: bool = typer.Option(
+        False, "--fault-ignore-max-tokens-streaming", help="Only on streamed requests."),
     fault_stall_every: int = typer.Option(0, "--fault-stall-every", help="Stall every N steps."),
     fault_stall_ms: float = typer.Option(0.0, "--fault-stall-ms"),
     fault_die_after: int = typer.Option(0, "--fault-die-after", help="Exit after N requests."),
@@ -92,7 +94,8 @@ def serve(
     if fault_stall_every:
         cluster = ClusterSpec(**{**cluster.__dict__, "stall_every_steps": fault_stall_every,
                                  "stall_s": fault_stall_ms / 1000.0})
-    faults = Faults(ignore_max_tokens=fault_ignore_max_tokens, stall_every=fault_stall_every,
+    faults = Faults(ignore_max_tokens=fault_ignore_max_tokens,
+                    ignore_max_tokens_streaming=fault_ignore_max_tokens_streaming, stall_every=fault_stall_every,
                     stall_ms=fault_stall_ms, die_after=fault_die_after, frozen_output=fault_frozen_output)
     config = ServeConfig(cluster=cluster, served_model_name=served_model_name or name,
                          role=role, seed=seed, faults=faults, spin_ms=max(0.0, spin_ms))

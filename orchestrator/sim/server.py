@@ -38,6 +38,7 @@ class Faults:
     """Faults to inject (tests of the validity guards)."""
 
     ignore_max_tokens: bool = False
+    ignore_max_tokens_streaming: bool = False
     stall_every: int = 0
     stall_ms: float = 0.0
     die_after: int = 0
@@ -205,7 +206,7 @@ class SimServer:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             return self._error(400, "max_tokens must be a positive integer", "BadRequestError")
         self.received += 1
-        n = self._reply_length(max_tokens)
+        n = self._reply_length(max_tokens, bool(body.get("stream")))
         kv_in = body.get("kv_transfer_params") or {}
         remote = bool(kv_in.get("do_remote_prefill")) and self.config.role != "prefill"
         stream = bool(body.get("stream"))
@@ -272,10 +273,13 @@ class SimServer:
                "model": name, "choices": [choice], "usage": usage, "kv_transfer_params": kv_out}
         return web.json_response(out)
 
-    def _reply_length(self, max_tokens: int) -> int:
-        if not self.config.faults.ignore_max_tokens:
+    def _reply_length(self, max_tokens: int, stream: bool) -> int:
+        f = self.config.faults
+        if not (f.ignore_max_tokens or (f.ignore_max_tokens_streaming and stream)):
             return max_tokens
-        # An ignored limit: the reply ends where the "model" would, anywhere up to 4x.
+        # An ignored limit: the reply ends where the "model" would, anywhere up to 4x. Only on
+        # the streaming path (the load's) passes readiness, which does not stream, and reaches
+        # the output_limit guard; on every path readiness refuses the server at once.
         return random.Random(self.received).randint(1, 4 * max_tokens)
 
     def _kv_out(self, seq, kv_in: dict) -> dict | None:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(420)
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        (["--fault-ignore-max-tokens"], "output_limit"),
+        (["--fault-ignore-max-tokens-streaming"], "output_limit"),
         (["--fault-frozen-output"], "frozen_randomness"),
         (["--fault-stall-every", "5", "--fault-stall-ms", "700"], "stalls"),
         (["--fault-die-after", "10"], "server"),
