@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
+from orchestrator import logs
 from orchestrator.backends.base import (
     QUICK_START_BUDGET_S,
     Deployment,
@@ -32,6 +33,8 @@ from orchestrator.errors import OrchestratorError, TransientError, UserError
 from orchestrator.loadgen.scrape import parse_metrics
 from orchestrator.plan import Plan
 from orchestrator.plan.external import ExternalEndpoint
+
+_log = logs.get_logger(__name__)
 
 # Response headers worth keeping in the fingerprint: they name the server software.
 IDENTITY_HEADERS = ("server", "x-powered-by", "via")
@@ -84,10 +87,11 @@ class ExternalBackend:
 
     name = "external"
 
-    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0, log=print):
+    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 10.0,
+                 log: Callable[[str], None] | None = None):
         self.env = os.environ if env is None else env
         self.timeout_s = timeout_s
-        self.log = log
+        self.log = log or _log.info
 
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         """The stack already runs: a short wait covers a restart in progress."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -16,8 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import logs
 from orchestrator.backends.base import QUICK_START_BUDGET_S, Deployment, RunKey
 from orchestrator.errors import PermanentError
+
+_log = logs.get_logger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -200,6 +204,8 @@ class ProcessBackend:
             for role, argv, port, env in specs:
                 procs.append(start_process(role, argv, port, run_dir / f"{role}.log", env=env))
                 state.write(procs)
+                _log.debug("started %s: pid %d, port %d, log %s: %s", role, procs[-1].pid, port,
+                           procs[-1].log, shlex.join(argv))
         except OSError as e:
             for p in reversed(procs):
                 stop_group(p.pid, self.stop_grace_s)
@@ -224,6 +230,7 @@ class ProcessBackend:
         procs = deployment.handles.get("procs") or self._state(deployment.key).read()
         for p in reversed(procs):  # router first, then workers
             stop_group(p.pid, self.stop_grace_s)
+            _log.debug("stopped %s (pid %d)", p.role, p.pid)
         self._after_stop(self._run_dir(deployment.key))
         self._state(deployment.key).remove()
 

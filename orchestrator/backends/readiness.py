@@ -19,8 +19,11 @@ from typing import Any
 
 import httpx
 
+from orchestrator import logs
 from orchestrator.backends.base import Endpoint
 from orchestrator.errors import PermanentError, TransientError
+
+_log = logs.get_logger(__name__)
 
 READY_TOKENS = 4
 READY_PROMPT = "baba babe babi babo babu"
@@ -132,6 +135,8 @@ def wait_until_serving(
                 check_completion(client, endpoint, where, api, auth_hint)
                 return
             except NotYet as e:
+                if str(e) != last:  # what it waits for, each time that changes
+                    _log.debug("%s: %s", where, e)
                 last = str(e)
             if time.monotonic() >= deadline:
                 raise TransientError(f"{where} not ready within {deadline_s:.0f}s (last: {last})",

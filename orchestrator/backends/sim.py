@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator import __version__
+from orchestrator import __version__, logs
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.processes import ProcessBackend, free_port, log_tail
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.errors import TransientError
 from orchestrator.plan import Plan, canonical_json
+
+_log = logs.get_logger(__name__)
 
 HOST = "127.0.0.1"
 
@@ -40,13 +43,13 @@ class SimBackend(ProcessBackend):
         state_dir: Path,
         use_router: bool = True,
         faults: dict[tuple[str, int, int], list[str]] | None = None,
-        log=print,
+        log: Callable[[str], None] | None = None,  # None: this module's logger (orchestrator.logs)
     ):
         super().__init__(state_dir)
         self.router = router_binary() if use_router else None
         # (arm, block, attempt) -> extra `orch sim serve` flags for the first worker (tests).
         self.faults = faults or {}
-        self.log = log
+        self.log = log or _log.info
         if use_router and self.router is None:
             self.log("vllm-router not found: falling back to the whole-arm sim server")
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from orchestrator import logs
+from orchestrator.errors import UserError
+
 app = typer.Typer(
     name="orch",
     help="Registered A/B experiments for LLM serving: plan, run, judge, query history.",
@@ -16,6 +19,22 @@ sim_app = typer.Typer(help="The simulated engine.", no_args_is_help=True)
 loadgen_app = typer.Typer(help="The load generator.", no_args_is_help=True)
 k8s_app = typer.Typer(help="Kubernetes manifests of an arm.", no_args_is_help=True)
 db_app = typer.Typer(help="The results database.", no_args_is_help=True)
+
+
+@app.callback()
+def _global_options(
+    log_level: str | None = typer.Option(
+        None, "--log-level", envvar=logs.ENV, show_default="INFO",
+        help=f"{', '.join(logs.LEVELS)}. DEBUG adds time, level, logger and the run's "
+        "experiment, block, arm and attempt to every line.",
+    ),
+) -> None:
+    """Registered A/B experiments for LLM serving: plan, run, judge, query history."""
+    try:
+        logs.configure(log_level)
+    except ValueError as e:
+        raise UserError(f"--log-level: {e}") from None
+
 
 app.add_typer(plan_app, name="plan")
 app.add_typer(sim_app, name="sim")

@@ -36,10 +36,16 @@ def _run_experiment(db_url: str, experiment_id: int, state_root: str) -> dict[st
     """Body of the Ray task that runs one experiment (in a Ray worker process)."""
     from pathlib import Path
 
+    from orchestrator import logs
     from orchestrator.control.progress import PlainProgress
     from orchestrator.control.session import build_executor
     from orchestrator.store import Store
 
+    # Experiments share the controller's log stream: each line says which one (and when).
+    try:
+        logs.configure(detailed=True)
+    except ValueError:  # a bad ORCH_LOG_LEVEL must not fail the experiment
+        logs.configure("INFO", detailed=True)
     with Store.open(db_url) as store:
         exp = store.get_experiment(experiment_id)
         plan = plan_from_canonical(store.get_registration(exp.registration_id).canonical_json)

@@ -9,6 +9,7 @@ never runs an edited plan under an old registration.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import socket
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import logs
 from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
@@ -116,6 +118,11 @@ class Executor:
 
     def run(self, plan: Plan, new: bool = False, name: str | None = None,
             experiment_id: int | None = None) -> ExperimentOutcome:
+        """Run (or resume) to the verdicts. Log records carry the experiment, block, arm and
+        attempt (``orchestrator.logs``) in a context of this call's own."""
+        return contextvars.copy_context().run(self._run, plan, new, name, experiment_id)
+
+    def _run(self, plan: Plan, new: bool, name: str | None, experiment_id: int | None) -> ExperimentOutcome:
         if experiment_id is None:
             reg, exp_id, resumed = self.prepare(plan, new, name)
         else:
@@ -124,6 +131,7 @@ class Executor:
             if not same_plan(reg.canonical_json, plan):
                 raise UserError(f"experiment {exp_id} was registered with a different plan")
         exp = self.store.get_experiment(exp_id)
+        logs.bind(experiment=exp.name, block=None, arm=None, attempt=None)
         self.store.set_experiment_status(exp_id, "running", controller_id=self.session)
         self._recover(exp_id, exp.name)
         if resumed:
@@ -196,6 +204,7 @@ class Executor:
         """One attempt. A guard failure or a TransientError ends it invalid (retried by the
         caller, after the error's delay); a PermanentError is stored and raised: it would fail
         every attempt and every block the same way, so the experiment stops with its remedy."""
+        logs.bind(block=block, arm=arm, attempt=attempt)
         self.progress.run_started(block, arm, attempt)
         run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
         key = RunKey(exp_name, arm, block, attempt)
@@ -295,6 +304,7 @@ class Executor:
 
     # -- block-level guard --------------------------------------------------------------------
     def _judge_block(self, plan: Plan, exp_id: int, block: int) -> None:
+        logs.bind(block=block, arm=None, attempt=None)
         runs = [r for r in self.store.runs(exp_id) if r.block == block and r.status == "done" and r.valid]
         by_arm = {r.arm: r for r in runs}
         if set(by_arm) != {"A", "B"}:

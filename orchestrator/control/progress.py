@@ -1,4 +1,9 @@
-"""Progress of an experiment for people: a bar per block and point on a TTY, plain lines otherwise."""
+"""Progress of an experiment for people: a bar per block and point on a TTY, plain lines otherwise.
+
+Every line is an INFO record of the ``orchestrator.progress`` logger, carrying the run's context
+(``orchestrator.logs``); the terminal handler prints it on stderr (so --json stdout stays
+clean), above the bars when they are shown.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from orchestrator import logs
+
+log = logs.get_logger("orchestrator.progress")
+
 
 class ProgressSink(Protocol):
     def blocks(self, total: int) -> None: ...
@@ -28,14 +37,13 @@ class ProgressSink(Protocol):
 
 
 class PlainProgress:
-    """One line per event, for logs and pipes (stderr, so --json stdout stays clean)."""
+    """One line per event, for logs and pipes."""
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
+    def __init__(self) -> None:
+        logs.ensure_configured()
 
     def _say(self, line: str) -> None:
-        self.stream.write(line + "\n")
-        self.stream.flush()
+        log.info(line)
 
     def blocks(self, total: int) -> None:
         self._say(f"{total} block(s) to run")
@@ -67,7 +75,7 @@ class RichProgress(PlainProgress):
 
     def __init__(self) -> None:
         self.console = Console(stderr=True)
-        super().__init__(sys.stderr)
+        super().__init__()
         self.bar = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=self.console, transient=True,
@@ -75,9 +83,6 @@ class RichProgress(PlainProgress):
         self.bar.start()
         self.block_task: TaskID | None = None
         self.point_task: TaskID | None = None
-
-    def _say(self, line: str) -> None:
-        self.bar.console.print(line, highlight=False, markup=False)
 
     def blocks(self, total: int) -> None:
         self.block_task = self.bar.add_task("blocks", total=total)

@@ -35,27 +35,27 @@ BACKENDS = ("sim", "local", "kubernetes", "external")
 PRIOR_BACKENDS = ("sim", "kubernetes")
 
 
-def make_backend(name: str, root: Path, progress: ProgressSink | None = None) -> Backend:
-    """The backend a plan (or --backend) names, as every entry point builds it."""
-    say = progress.note if progress else print
+def make_backend(name: str, root: Path) -> Backend:
+    """The backend a plan (or --backend) names, as every entry point builds it. Backends log
+    through their modules' loggers (``orchestrator.logs``: the run's context on each record)."""
     if name == "sim":
         from orchestrator.backends.sim import SimBackend
 
-        return SimBackend(root / "sim", log=say)
+        return SimBackend(root / "sim")
     if name == "local":
         try:
             from orchestrator.backends.local import LocalBackend
         except ImportError as e:  # pragma: no cover - depends on the optional vLLM set-up
             raise EnvironmentProblem(f"the local backend cannot load: {e}") from e
-        return LocalBackend(root / "local", log=say)
+        return LocalBackend(root / "local")
     if name == "kubernetes":
         from orchestrator.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend.from_environment(log=say)
+        return KubernetesBackend.from_environment()
     if name == "external":
         from orchestrator.backends.external import ExternalBackend
 
-        return ExternalBackend(log=say)
+        return ExternalBackend()
     raise UserError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
 
 
@@ -119,7 +119,7 @@ def build_executor(
     """The one wiring of backend, generator ceiling and priors, for `orch run` in the
     foreground and for the Ray controller's experiment task."""
     chosen = choose_backend(plan, backend)
-    be = backend_obj or make_backend(chosen, root, progress)
+    be = backend_obj or make_backend(chosen, root)
     ceiling = generator_ceiling(plan, root)
     if ceiling is not None:
         progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")

@@ -4,7 +4,6 @@ spool file and are flushed, in order, once the database answers again. Nothing i
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import fields
@@ -12,11 +11,12 @@ from pathlib import Path
 
 import sqlalchemy.exc
 
+from orchestrator import logs
 from orchestrator.errors import EnvironmentProblem, TransientError
 from orchestrator.records import RequestRecord
 from orchestrator.store.ingest import DuplicateRequestRecords
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
 # What an unreachable or restarting database looks like from here.
 OUTAGE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator import logs
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.api import KubeApi, in_cluster, load_api_client
@@ -42,6 +43,8 @@ from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError
 from orchestrator.plan import Plan, plan_hash
 
+_log = logs.get_logger(__name__)
+
 # GPU Feature Discovery labels read for the environment fingerprint.
 DRIVER_LABELS = ("nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver.major")
 # Node pool labels of the common managed clusters (GKE, EKS, AKS, Karpenter, OpenShift).
@@ -66,7 +69,7 @@ class KubernetesBackend:
         endpoint_url: str | None = None,
         poll_s: float = 2.0,
         probe: Callable[[Endpoint, float], None] | None = None,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] | None = None,  # None: this module's logger (orchestrator.logs)
     ):
         """``namespace`` overrides the plan's (the chart sets ORCH_K8S_NAMESPACE to its own);
         ``endpoint_url`` reaches the router at a fixed URL (an ingress, or a port-forward run
@@ -76,12 +79,12 @@ class KubernetesBackend:
         self.endpoint_url = endpoint_url or os.environ.get("ORCH_K8S_ENDPOINT") or None
         self.poll_s = poll_s
         self.probe = probe or probe_completion
-        self.log = log
+        self.log = log or _log.info
         self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
         self._forwards: dict[str, Any] = {}  # run name -> PortForward
 
     @classmethod
-    def from_environment(cls, log: Callable[[str], None] = print) -> KubernetesBackend:
+    def from_environment(cls, log: Callable[[str], None] | None = None) -> KubernetesBackend:
         """The backend as `orch run --backend kubernetes` and the Ray controller build it: the
         cluster from the in-cluster service account or KUBECONFIG, ORCH_K8S_NAMESPACE and
         ORCH_K8S_ENDPOINT from the environment. Fails here, not at the first deploy, when no

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator import logs
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.local.commands import HOST, TASKSET, ArmLayout, render_arm
@@ -20,6 +21,8 @@ from orchestrator.backends.processes import ProcessBackend, free_port
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.errors import PermanentError
 from orchestrator.plan import Arm, Plan
+
+_log = logs.get_logger(__name__)
 
 
 class LocalBackend(ProcessBackend):
@@ -34,13 +37,13 @@ class LocalBackend(ProcessBackend):
         state_dir: Path,
         settings: LocalSettings | None = None,
         device: Device | None = None,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] | None = None,  # None: this module's logger (orchestrator.logs)
     ):
         super().__init__(state_dir)
         self.settings = settings or LocalSettings.from_env()
         self.stop_grace_s = self.settings.stop_grace_s
         self.device = device or Device.detect()
-        self.log = log
+        self.log = log or _log.info
         self._engine_info: dict[str, Any] | None = None
 
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
