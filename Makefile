@@ -25,9 +25,13 @@ lint: install
 	$(VENV)/bin/mypy
 
 # All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e,
-# and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine).
+# and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine). Unit,
+# integration and e2e run on two workers (their tests mostly wait on real time; the ones that
+# start a Ray head share a worker); the vLLM tier then runs alone (its engines take every core
+# but the load generator's). ORCH_REQUIRED_TIERS tells CI's tier check what each part must run.
 test: lint vllm
-	$(PY) -m pytest
+	ORCH_REQUIRED_TIERS="unit integration e2e" $(PY) -m pytest -n 2 --dist loadgroup -m "not vllm" --durations=15
+	ORCH_REQUIRED_TIERS="vllm" $(PY) -m pytest -m vllm --durations=5
 
 test-unit: install
 	$(PY) -m pytest -m unit
