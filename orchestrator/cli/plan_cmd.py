@@ -20,6 +20,8 @@ def validate(
     """Check plans: every problem is named by its field path (and line); exit 1 if any."""
     results = []
     problems: list[str] = []
+    from orchestrator.control.design import design_warnings
+
     for f in files:
         try:
             plan = load_plan_file(f)
@@ -28,7 +30,7 @@ def validate(
             problems.extend(lines)
             results.append({"file": str(f), "valid": False, "problems": list(e.problems)})
             continue
-        warnings = plan_warnings(plan)
+        warnings = plan_warnings(plan) + design_warnings(plan.design)
         results.append(
             {"file": str(f), "valid": True, "name": plan.name, "sha256": plan_hash(plan), "warnings": warnings}
         )

@@ -30,11 +30,7 @@ def _outcome_doc(store, out) -> dict:
         "experiment": {"id": out.experiment_id, "name": out.experiment_name,
                        "registration_id": out.registration_id, "sha256": out.sha256,
                        "resumed": out.resumed, "complete": out.complete},
-        "verdicts": [
-            _verdict_row(o.bar, o.judgement.verdict, o.judgement.estimate, o.judgement.lower,
-                         o.judgement.upper, o.judgement.n, o.judgement.note)
-            for o in out.bars
-        ],
+        "verdicts": [_judged_row(o) for o in out.bars],
         "runs": [
             {"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
              "valid": r.valid, "reason": r.invalid_reason}
@@ -56,13 +52,8 @@ def _print_outcome(doc: dict) -> None:
     if not doc["verdicts"]:
         say("  (the plan has no bars)")
     for v in doc["verdicts"]:
-        est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
-        lo = "-" if v["lower"] is None else f"{v['lower']:.3f}"
-        hi = "-" if v["upper"] is None else f"{v['upper']:.3f}"
-        cmp_ = ">=" if v["direction"] == "at_least" else "<="
-        say(f"  {v['bar']}: {v['verdict']}  B/A {v['metric']} [{v['class']}] = {est} "
-            f"(interval {lo} .. {hi} at {v['confidence']:.0%}, {v['blocks']} blocks; bar {cmp_} {v['threshold']})"
-            + (f"  {v['note']}" if v["note"] else ""))
+        for line in _verdict_lines(v):
+            say(line)
     if not e["complete"]:
         say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
 
@@ -115,11 +106,48 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     say(f"report: {doc['report']}")
 
 
-def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: str = "") -> dict:
-    return {"bar": bar.id, "class": bar.service_class, "metric": bar.metric, "threshold": bar.threshold,
-            "direction": bar.direction, "verdict": verdict, "estimate": _num(estimate),
-            "lower": _num(lower), "upper": _num(upper), "confidence": bar.confidence,
-            "blocks": blocks, "note": note}
+def _verdict_lines(v: dict) -> list[str]:
+    """A verdict as text: the estimate against the bar, exactly what the interval is (the
+    label), the blocks used, and every censored or dropped block with why."""
+    est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
+    cmp_ = ">=" if v["direction"] == "at_least" else "<="
+    what = v["metric"] + (f" at {v['rate']:g} req/s" if v.get("rate") is not None else "")
+    lines = [f"  {v['bar']}: {v['verdict']}  B/A {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
+             f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
+    lines.append(f"    interval: {v['label']}")
+    used = v.get("blocks_used")
+    if used is not None:
+        lines.append("    blocks used: " + (", ".join(str(b) for b in used) if used else "none"))
+    lines += [f"    censored block {c['block']}: {c['why']}" for c in v.get("censored") or []]
+    lines += [f"    dropped block {d['block']}: {d['why']}" for d in v.get("dropped") or []]
+    if v["note"]:
+        lines.append(f"    note: {v['note']}")
+    return lines
+
+
+def _fallback_label(lower, upper, confidence: float) -> str:
+    """For a verdict stored before its label was (migration 0005): what lower..upper then was."""
+    lo = "-" if _num(lower) is None else f"{lower:.4g}"
+    hi = "-" if _num(upper) is None else f"{upper:.4g}"
+    return (f"B/A {lo}..{hi}: each end a one-sided {confidence:.0%} bound (together a "
+            f"{2 * confidence - 1:.0%} two-sided interval); stored before labels were")
+
+
+def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: str = "",
+                 label: str | None = None, evidence: dict | None = None) -> dict:
+    row = {"bar": bar.id, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
+           "threshold": bar.threshold, "direction": bar.direction, "verdict": verdict,
+           "estimate": _num(estimate), "lower": _num(lower), "upper": _num(upper),
+           "confidence": bar.confidence, "blocks": blocks, "note": note or "",
+           "label": label or _fallback_label(lower, upper, bar.confidence),
+           "blocks_used": None, "censored": [], "dropped": []}
+    row.update(evidence or {})
+    return row
+
+
+def _judged_row(o) -> dict:
+    j = o.judgement
+    return _verdict_row(o.bar, j.verdict, j.estimate, j.lower, j.upper, j.n, j.note, j.label, o.evidence())
 
 
 def _experiment_doc(store, key: str) -> tuple[dict, int]:
@@ -134,16 +162,13 @@ def _experiment_doc(store, key: str) -> tuple[dict, int]:
     stored = {v.bar_id: v for v in store.verdicts(exp.id)}
     if stored:
         verdicts = [
-            _verdict_row(b, v.verdict, v.estimate, v.lower, v.upper, v.blocks) if (v := stored.get(b.id))
-            else _verdict_row(b, "INCONCLUSIVE", None, None, None, 0, "not judged")
+            _verdict_row(b, v.verdict, v.estimate, v.lower, v.upper, v.blocks, v.note or "", v.label, v.evidence)
+            if (v := stored.get(b.id))
+            else _verdict_row(b, "INCONCLUSIVE", None, None, None, 0, "not judged", "not judged: no interval")
             for b in plan.bars
         ]
     else:
-        verdicts = [
-            _verdict_row(o.bar, o.judgement.verdict, o.judgement.estimate, o.judgement.lower,
-                         o.judgement.upper, o.judgement.n, o.judgement.note)
-            for o in judge_experiment(store, exp.id, plan)
-        ]
+        verdicts = [_judged_row(o) for o in judge_experiment(store, exp.id, plan)]
     code = gate_code([v["verdict"] for v in verdicts], not complete)
     doc = {
         "experiment": {"id": exp.id, "name": exp.name, "registration_id": reg.id, "sha256": reg.sha256,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from orchestrator.analysis.stats import order_balance
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Design
 
@@ -21,6 +22,16 @@ def block_order(design: Design, arms: tuple[str, str] = ("A", "B")) -> list[tupl
             pair = [first, second] if rng.random() < 0.5 else [second, first]
         out.append((b, pair))
     return out
+
+
+def design_warnings(design: Design) -> list[str]:
+    """`orch plan validate` and the dry run: ABBA over an odd number of blocks runs one arm
+    first more often, so a linear drift in time is not cancelled (analysis.stats.order_balance
+    says by how much)."""
+    if design.order != "ABBA":
+        return []
+    balance = order_balance([pair for _, pair in block_order(design)])
+    return [] if balance.balanced else [f"design.blocks: {balance.warning}"]
 
 
 def point_seed(base: int, block: int, rate: float, repeat: int = 0, attempt: int = 0) -> int:

@@ -30,7 +30,14 @@ import numpy as np
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
-from orchestrator.analysis.stats import BarEvidence, Judgement, blocks_needed, judge_bars
+from orchestrator.analysis.stats import (
+    BarEvidence,
+    BlockRatio,
+    Judgement,
+    blocks_needed,
+    judge_bars,
+)
+from orchestrator.control.design import design_warnings
 from orchestrator.errors import UserError
 from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
 from orchestrator.loadgen.workloads import build_requests
@@ -288,7 +295,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) 
                         "so a dry run cannot predict them")
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
-    notes: list[str] = []
+    notes: list[str] = design_warnings(plan.design)  # ABBA over an odd number of blocks
     if plan.sim.noise > 0:
         sigma, source = plan.sim.noise, "plan"
     else:
@@ -372,14 +379,14 @@ def _predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed
     blocks = plan.design.blocks
     a, b = arms["A"], arms["B"]
 
-    def design_ratios(rng: np.random.Generator) -> list[list[float]]:
+    def design_ratios(rng: np.random.Generator) -> list[list[float | BlockRatio]]:
         eff = np.exp(rng.normal(0.0, sigma, size=(blocks, 2)))
         out = []
         for bar in plan.bars:
-            out.append([_log_ratio(_value(b, bar, eff[k, 1]), _value(a, bar, eff[k, 0])) for k in range(blocks)])
+            out.append([_log_ratio(_value(b, bar, eff[k, 1]), _value(a, bar, eff[k, 0]), k) for k in range(blocks)])
         return out
 
-    def verdicts(ratios: list[list[float]]) -> list[Judgement]:
+    def verdicts(ratios: list[list[float | BlockRatio]]) -> list[Judgement]:
         return judge_bars([BarEvidence(r, bar.threshold, bar.confidence, bar.direction)
                            for r, bar in zip(ratios, plan.bars, strict=True)])
 
@@ -394,10 +401,12 @@ def _predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed
     out = []
     for i, bar in enumerate(plan.bars):
         clean = _log_ratio(_value(b, bar, 1.0), _value(a, bar, 1.0))
-        ratio = math.exp(clean) if math.isfinite(clean) else math.inf
+        ratio = _ratio(clean)
         spread = _spread_of_log_ratio(a, b, bar, sigma)
         n_needed, note = None, ""
         try:
+            if isinstance(clean, BlockRatio):
+                raise ValueError(clean.reason().removeprefix("block 0: "))
             if not spread > 0:
                 raise ValueError("no spread between blocks in the model: power is 0 or 1")
             n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction)
@@ -406,7 +415,7 @@ def _predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed
         out.append(BarPrediction(
             id=bar.id, service_class=bar.service_class, metric=bar.metric, direction=bar.direction,
             threshold=bar.threshold, confidence=bar.confidence, noise_free_ratio=ratio,
-            judgement=predicted[i], block_ratios=tuple(math.exp(x) for x in predicted_ratios[i]),
+            judgement=predicted[i], block_ratios=tuple(_ratio(x) for x in predicted_ratios[i]),
             power=float(accepts[i] / replications), blocks_for_power=n_needed, blocks_note=note,
         ))
     return out
@@ -418,14 +427,21 @@ def _spread_of_log_ratio(a: ArmPrediction, b: ArmPrediction, bar, sigma: float) 
     return math.hypot(*slopes) * sigma
 
 
-def _log_ratio(b: float, a: float) -> float:
+def _log_ratio(b: float, a: float, block: int = 0) -> float | BlockRatio:
+    """ln(B/A) of one block; both at zero is no ratio at all (0/0 is not 1): a ``BlockRatio``
+    unbounded both ways, which the verdict judges as INCONCLUSIVE and says why."""
     if a <= 0 and b <= 0:
-        return 0.0  # neither arm has any: no difference to judge (the note says why)
+        return BlockRatio.of(block, 0.0, 0.0)
     if a <= 0:
         return math.inf
     if b <= 0:
         return -math.inf
     return math.log(b / a)
+
+
+def _ratio(x: float | BlockRatio) -> float:
+    """B/A of a block log ratio; NaN for no ratio (0/0)."""
+    return math.nan if isinstance(x, BlockRatio) else math.exp(x)
 
 
 def _elasticity(curve: Sequence[tuple[float, float]]) -> float:

@@ -156,7 +156,8 @@ class Executor:
         for o in bars:
             j = o.judgement
             self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
-                                      _finite(j.lower), _finite(j.upper), j.n)
+                                      _finite(j.lower), _finite(j.upper), j.n, label=j.label, note=j.note,
+                                      evidence=o.evidence())
         finished_all = self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
         if finished_all:
             self.store.set_experiment_status(exp_id, "done")
@@ -210,7 +211,7 @@ class Executor:
         key = RunKey(exp_name, arm, block, attempt)
         dep: Deployment | None = None
         caps: dict[str, float] = {}
-        points: dict[float, PointOutcome] = {}
+        points: dict[float, list[PointOutcome]] = {}  # rate -> every measurement of it
         facts: dict[str, Any] = {"session": self.session, "generator_ceiling_rps": self.config.generator_ceiling}
         fingerprint = Fingerprint(backend=self.backend.name)
 
@@ -234,8 +235,8 @@ class Executor:
             facts["finished_at"] = time.time()
             self.store.finish_run(run_id, "done", True, None, record())
             line = ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
-            self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({len(points)} points)")
-            return RunSummary(run_id, block, arm, attempt, True, None, caps, len(points))
+            self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({_count(points)} points)")
+            return RunSummary(run_id, block, arm, attempt, True, None, caps, _count(points))
         except PermanentError as e:
             reason = f"PermanentError: {e}"
             self.store.finish_run(run_id, "failed", False, reason, record())
@@ -246,44 +247,55 @@ class Executor:
             delay = e.delay if isinstance(e, TransientError) else 0.0
             self.store.finish_run(run_id, "failed", False, reason, record())
             self.progress.run_done(f"block {block} arm {arm}: INVALID ({reason}); will retry if allowed")
-            return RunSummary(run_id, block, arm, attempt, False, reason, caps, len(points), delay)
+            return RunSummary(run_id, block, arm, attempt, False, reason, caps, _count(points), delay)
         finally:
             if dep is not None:
                 self.backend.teardown(dep)
 
     def _search(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
-                runner: PointRunner, points: dict[float, PointOutcome]) -> dict[str, float]:
+                runner: PointRunner, points: dict[float, list[PointOutcome]]) -> dict[str, float]:
+        """Each class's capacity search, capped by the generator's ceiling (a capacity that
+        passes there is stored censored at_ceiling) and fed every measurement taken so far."""
         s = plan.search
         caps: dict[str, float] = {}
+        ceiling = self.config.generator_ceiling
+        if ceiling is not None and ceiling <= s.rate.min:
+            raise RunInvalid(f"the generator's calibrated ceiling {ceiling:.3g} req/s is at or below "
+                             f"search.rate.min {s.rate.min:.3g} req/s: no load point can be measured; use Ray "
+                             "shards (orch submit) or lower search.rate.min")
         for cls in plan.classes:
             prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
             search = CapacitySearch(s.rate.min, s.rate.max, s.precision, s.attainment, s.max_points,
-                                    prior=prior)
-            for seen, p in points.items():
-                search.observe(seen, *p.class_values(cls.name))
+                                    prior=prior, ceiling=ceiling)
+            for seen, measured in points.items():
+                for p in measured:
+                    search.observe(seen, *p.class_values(cls.name))
             while (rate := search.next_rate()) is not None:
                 p = self._point(plan, arm, block, run_id, dep, runner, points, rate, cls.name)
                 search.observe(rate, *p.class_values(cls.name))
             res = search.result()
             self.store.record_capacity(run_id, cls.name, res.capacity, res.at_rate, res.attainment,
-                                       res.points_used)
+                                       res.points_used, censored=res.censored, converged=res.converged,
+                                       upper=res.upper)
             caps[cls.name] = res.capacity
         return caps
 
     def _point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
-               runner: PointRunner, points: dict[float, PointOutcome], rate: float,
+               runner: PointRunner, points: dict[float, list[PointOutcome]], rate: float,
                cls: str | None) -> PointOutcome:
+        """One load point. The search never asks above the generator's ceiling; a bar's fixed
+        rate above it (known only now: the ceiling is measured at run time) voids the run."""
         ceiling = self.config.generator_ceiling
-        if ceiling is not None and rate > ceiling:
-            raise RunInvalid(f"offered load {rate:.3g} req/s is above the generator's calibrated "
-                             f"ceiling {ceiling:.3g} req/s: use Ray shards (orch submit) or lower search.rate.max")
+        if cls is None and ceiling is not None and rate > ceiling:
+            raise RunInvalid(f"bar rate {rate:.3g} req/s is above the generator's calibrated ceiling "
+                             f"{ceiling:.3g} req/s: use Ray shards (orch submit) or a bar rate at or below it")
         self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
                                     plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
         seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
         repeat = self._measured.get((run_id, rate), 0)
         self._measured[(run_id, rate)] = repeat + 1
         p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat, dep.key.attempt)
-        points[rate] = p
+        points.setdefault(rate, []).append(p)
         att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
         self.progress.point_done(f"{rate:.3g} req/s: attainment {att}" + ("" if p.valid else "  [guard failed]"))
         self._check_server(dep, p)
@@ -294,7 +306,7 @@ class Executor:
 
     def _check_server(self, dep: Deployment, p: PointOutcome) -> None:
         if not self.backend.alive(dep):
-            raise RunInvalid("a server of the arm died or restarted during the point")
+            raise RunInvalid("lost the server during the point: a server of the arm died, restarted or stopped answering")
         errors = sum(1 for r in p.records if r.status in ERROR_STATUSES)
         if errors:
             try:
@@ -351,8 +363,12 @@ class Executor:
             self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
 
 
-def _near(points: dict[float, PointOutcome], rate: float) -> bool:
+def _near(points: dict[float, list[PointOutcome]], rate: float) -> bool:
     return any(abs(r - rate) <= 1e-6 * max(1.0, rate) for r in points)
+
+
+def _count(points: dict[float, list[PointOutcome]]) -> int:
+    return sum(len(v) for v in points.values())
 
 
 def _finite(x: float) -> float | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from orchestrator.analysis.stats import (
     BarEvidence,
@@ -25,6 +26,26 @@ class BarOutcome:
     judgement: Judgement
     blocks: list[int]  # the blocks the verdict rests on
     values: dict[int, tuple[float, float]]  # block -> (A, B)
+    dropped: dict[int, str] = field(default_factory=dict)  # planned block it cannot use -> why
+    censored: dict[int, str] = field(default_factory=dict)  # used block judged as an interval -> why
+
+    def evidence(self) -> dict[str, Any]:
+        """What the verdict rests on, as stored with it and shown by `orch verdict` and the
+        report: the blocks used, the censored and dropped blocks with their reasons, and how
+        each end of the interval was computed (``label`` says it in words)."""
+        j = self.judgement
+        return {
+            "blocks_used": list(self.blocks),
+            "censored": [{"block": b, "why": w} for b, w in sorted(self.censored.items())],
+            "dropped": [{"block": b, "why": w} for b, w in sorted(self.dropped.items())],
+            "lower_level": _finite(j.lower_level), "upper_level": _finite(j.upper_level),
+            "method": j.method, "sd": _finite(j.sd), "sd_used": _finite(j.sd_used), "sd_floor": j.sd_floor,
+            "p_value": _finite(j.p_value), "p_reject": _finite(j.p_reject),
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def valid_runs(store, experiment_id: int) -> dict[tuple[int, str], int]:
@@ -46,16 +67,48 @@ def bar_values(store, experiment_id: int, bar: Bar, runs: dict[tuple[int, str], 
     for b in blocks:
         if (b, "A") not in runs or (b, "B") not in runs:
             continue
-        vals = []
-        for arm in ("A", "B"):
-            run_id = runs[(b, arm)]
-            if caps is not None:
-                row = caps[(caps.run_id == run_id) & (caps.class_name == bar.service_class)]
-                vals.append(float(row.capacity.iloc[0]) if len(row) else math.nan)
-            else:
-                vals.append(_at_rate(store, run_id, bar))
+        vals = [_value(store, caps, runs[(b, arm)], bar) for arm in ("A", "B")]
         if all(math.isfinite(v) for v in vals):
             out[b] = (vals[0], vals[1])
+    return out
+
+
+def _value(store, caps, run_id: int, bar: Bar) -> float:
+    if caps is not None:
+        row = caps[(caps.run_id == run_id) & (caps.class_name == bar.service_class)]
+        return float(row.capacity.iloc[0]) if len(row) else math.nan
+    return _at_rate(store, run_id, bar)
+
+
+def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
+                   used: set[int] | dict[int, Any]) -> dict[int, str]:
+    """Each planned block a bar's verdict cannot use, with why: an arm not run yet, an arm
+    without a valid run (its last attempt's reason), a failed run-level guard (back to back),
+    or a valid run without the bar's figure."""
+    all_runs = store.runs(experiment_id)
+    caps = store.capacities(experiment_id) if bar.metric == "capacity" else None
+    out: dict[int, str] = {}
+    for b in range(plan.design.blocks):
+        if b in used:
+            continue
+        why: list[str] = []
+        for arm in ("A", "B"):
+            mine = [r for r in all_runs if r.block == b and r.arm == arm]
+            if not mine:
+                why.append(f"arm {arm} not run yet")
+            elif (b, arm) in runs:
+                if not math.isfinite(_value(store, caps, runs[(b, arm)], bar)):
+                    what = (f"no capacity at class {bar.service_class}" if bar.metric == "capacity"
+                            else f"no valid point at {bar.rate:g} req/s")
+                    why.append(f"arm {arm}: {what}")
+            elif done := [r for r in mine if r.status == "done" and r.valid]:
+                why.extend(f"{g.name} guard failed ({g.detail})" for r in done
+                           for g in store.guard_results(r.id) if g.point_id is None and not g.passed)
+            else:
+                last = mine[-1]
+                why.append(f"arm {arm}: no valid run in {len(mine)} attempt(s); the last {last.status}"
+                           + (f": {last.invalid_reason}" if last.invalid_reason else ""))
+        out[b] = "; ".join(dict.fromkeys(why)) or "not usable"
     return out
 
 
@@ -118,11 +171,14 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
     judgements = judge_bars(evidence)
     orders = [pair for _, pair in block_order(plan.design)]
     out = []
-    for bar, j, v in zip(plan.bars, judgements, values, strict=True):
+    for bar, j, v, ev in zip(plan.bars, judgements, values, evidence, strict=True):
         balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v])
         if plan.design.order == "ABBA" and not balance.balanced and v:
             j = replace(j, note=f"{j.note}; {balance.warning}" if j.note else balance.warning)
-        out.append(BarOutcome(bar, j, sorted(v), v))
+        censored = {r.block: r.reason().removeprefix(f"block {r.block}: ")
+                    for r in ev.log_ratios if isinstance(r, BlockRatio) and not r.is_point}
+        out.append(BarOutcome(bar, j, sorted(v), v, dropped_blocks(store, experiment_id, plan, bar, runs, v),
+                              censored))
     return out
 
 

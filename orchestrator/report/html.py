@@ -43,20 +43,27 @@ pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 {% if verdicts %}
 <table id="verdicts">
 <thead><tr><th>bar</th><th>metric</th><th>class</th><th>bar (B/A)</th><th>verdict</th><th>estimate</th>
-<th>interval</th><th>confidence</th><th>blocks</th></tr></thead>
+<th>interval</th><th>confidence</th><th>blocks</th><th>blocks used, censored, dropped</th></tr></thead>
 <tbody>
 {% for v in verdicts %}
 <tr data-bar="{{ v.bar }}"><td>{{ v.bar }}</td><td>{{ v.metric }}{% if v.rate %} at {{ v.rate }} req/s{% endif %}</td>
 <td>{{ v.class }}</td><td>{{ ">=" if v.direction == "at_least" else "<=" }} {{ v.threshold }}</td>
 <td class="{{ v.verdict.split()[0] }}">{{ v.verdict }}</td><td class="num">{{ f3(v.estimate) }}</td>
-<td class="num">{{ f3(v.lower) }} .. {{ f3(v.upper) }}</td><td class="num">{{ "%.0f%%"|format(100 * v.confidence) }}</td>
-<td class="num">{{ v.blocks }}</td></tr>
+<td class="label">{{ v.label }}</td><td class="num">{{ "%.0f%%"|format(100 * v.confidence) }}</td>
+<td class="num">{{ v.blocks }}</td>
+<td><div class="used">used: {% if v.blocks_used is none %}not stored{% elif v.blocks_used %}{{ v.blocks_used|join(", ") }}{% else %}none{% endif %}</div>
+{% for c in v.censored %}<div class="censored">censored block {{ c.block }}: {{ c.why }}</div>{% endfor %}
+{% for d in v.dropped %}<div class="dropped">dropped block {{ d.block }}: {{ d.why }}</div>{% endfor %}
+{% if v.note %}<div class="muted">{{ v.note }}</div>{% endif %}</td></tr>
 {% endfor %}
 </tbody>
 </table>
-<p class="muted">Estimate: geometric mean of the per-block B/A ratios; the interval's ends are
-one-sided bounds at the bar's confidence (a dash: unbounded). Only blocks with a valid run of
-each arm count.</p>
+<p class="muted">Estimate: geometric mean of the per-block B/A ratios. The interval column says
+exactly what the interval is: each end's one-sided level (the two together are a two-sided
+interval at twice the level minus one), Holm's adjustment when there are several bars, and the
+censored blocks judged as intervals. Only blocks with a valid run of each arm count; a block
+whose capacity is censored (below the search's lowest rate, above its highest, at the load
+generator's ceiling) or unconverged is a bound, never a point.</p>
 {% if images.verdicts %}<img src="{{ images.verdicts }}" alt="verdict intervals against the bars">{% endif %}
 {% else %}
 <p id="verdicts-none">The plan registered no bars: nothing was judged.</p>
@@ -65,13 +72,14 @@ each arm count.</p>
 <h2>Capacity per run</h2>
 <table id="capacities">
 <thead><tr><th>run</th><th>block</th><th>arm</th><th>attempt</th><th>class</th><th>valid</th>
-<th>capacity, tok/s</th><th>at, req/s</th><th>attainment</th><th>points</th></tr></thead>
+<th>capacity, tok/s</th><th>at, req/s</th><th>attainment</th><th>points</th><th>censoring</th></tr></thead>
 <tbody>
 {% for c in capacities %}
 <tr{% if not c.valid %} class="fail"{% endif %}><td>{{ c.run_id }}</td><td>{{ c.block }}</td><td>{{ c.arm }}</td>
 <td>{{ c.attempt }}</td><td>{{ c["class"] }}</td><td>{{ "yes" if c.valid else "no" }}</td>
 <td class="num">{{ f0(c.capacity_tok_s) }}</td><td class="num">{{ f3(c.at_rate) }}</td>
-<td class="num">{{ f3(c.attainment) }}</td><td class="num">{{ c.points_used }}</td></tr>
+<td class="num">{{ f3(c.attainment) }}</td><td class="num">{{ c.points_used }}</td>
+<td>{{ c.censoring }}</td></tr>
 {% endfor %}
 </tbody>
 </table>

@@ -28,12 +28,25 @@ def when(dt: Any) -> str | None:
     return pd.Timestamp(dt).isoformat()
 
 
+def _label(v: Any, confidence: float) -> str:
+    """Exactly what the stored interval is (a verdict stored before labels were: what its
+    lower..upper then meant, two one-sided bounds at the bar's confidence)."""
+    if v.label:
+        return str(v.label)
+    lo, hi = num(v.lower), num(v.upper)
+    return (f"B/A {'-' if lo is None else f'{lo:.4g}'}..{'-' if hi is None else f'{hi:.4g}'}: each end a one-sided "
+            f"{confidence:.0%} bound (together a {2 * confidence - 1:.0%} two-sided interval); stored before labels were")
+
+
 def verdict_rows(data: ExperimentData) -> list[dict[str, Any]]:
-    """One row per registered bar; a bar without a stored verdict says NOT JUDGED."""
+    """One row per registered bar; a bar without a stored verdict says NOT JUDGED. Each says
+    exactly what its interval is (``label``), the blocks it used, and which blocks were
+    censored or dropped and why."""
     stored = {v.bar_id: v for v in data.verdicts}
     rows = []
     for bar in data.plan.bars:
         v = stored.get(bar.id)
+        evidence = (v.evidence or {}) if v else {}
         rows.append({
             "bar": bar.id, "metric": bar.metric, "class": bar.service_class, "compare": bar.compare,
             "direction": bar.direction, "threshold": bar.threshold, "confidence": bar.confidence,
@@ -41,18 +54,36 @@ def verdict_rows(data: ExperimentData) -> list[dict[str, Any]]:
             "estimate": num(v.estimate) if v else None, "lower": num(v.lower) if v else None,
             "upper": num(v.upper) if v else None, "blocks": v.blocks if v else 0,
             "judged_at": when(v.judged_at) if v else None,
+            "label": _label(v, bar.confidence) if v else "not judged: no interval",
+            "note": (v.note or "") if v else "",
+            "blocks_used": evidence.get("blocks_used"),
+            "censored": list(evidence.get("censored") or []), "dropped": list(evidence.get("dropped") or []),
         })
     return rows
 
 
 def capacity_rows(data: ExperimentData) -> list[dict[str, Any]]:
-    return [
-        {"run_id": int(r.run_id), "arm": r.arm, "block": int(r.block), "attempt": int(r.attempt),
-         "valid": bool(r.valid) if r.valid is not None else None, "class": r.class_name,
-         "capacity_tok_s": num(r.capacity), "at_rate": num(r.at_rate),
-         "attainment": num(r.attainment), "points_used": int(r.points_used)}
-        for r in data.capacities.itertuples(index=False)
-    ]
+    """Every stored capacity with its censoring: censored (None, below_min, above_max,
+    at_ceiling), converged, and upper (None: unbounded)."""
+    rows = []
+    for r in data.capacities.itertuples(index=False):
+        censored = r.censored if isinstance(r.censored, str) else None
+        converged = bool(r.converged) if r.converged is not None else True
+        upper = num(r.upper)
+        row = {"run_id": int(r.run_id), "arm": r.arm, "block": int(r.block), "attempt": int(r.attempt),
+               "valid": bool(r.valid) if r.valid is not None else None, "class": r.class_name,
+               "capacity_tok_s": num(r.capacity), "at_rate": num(r.at_rate),
+               "attainment": num(r.attainment), "points_used": int(r.points_used),
+               "censored": censored, "converged": converged, "upper_tok_s": upper}
+        if censored is None and converged and (num(r.capacity) or 0) > 0:
+            row["censoring"] = "point estimate"
+        else:
+            lo = 0.0 if censored == "below_min" else num(r.capacity) or 0.0
+            why = ", ".join(w for w in (censored, None if converged else "unconverged") if w)
+            row["censoring"] = (f"{why}: a bound, in [{lo:,.0f}, "
+                                + ("unbounded)" if upper is None else f"{upper:,.0f}]"))
+        rows.append(row)
+    return rows
 
 
 def run_rows(data: ExperimentData) -> list[dict[str, Any]]:

@@ -151,6 +151,9 @@ def test_report_renders_with_every_section_and_existing_images(finished: Finishe
     assert header[0] == "bar" and len(rows) == len(verdicts) == 1
     assert rows[0][0] == "standard-capacity" and rows[0][4] == verdicts[0].verdict
     assert f"{verdicts[0].estimate:.3g}" == rows[0][5]
+    # The interval says exactly what it is (issue 17), and the blocks it rests on are listed.
+    assert verdicts[0].label and rows[0][6] == " ".join(verdicts[0].label.split()) and "one-sided" in rows[0][6]
+    assert rows[0][9].startswith("used: ") and verdicts[0].evidence["blocks_used"] is not None
     # Validity: every run listed; the failed attempt shows its failed guard's value vs threshold.
     _, *run_rows = page.tables["runs"]
     assert len(run_rows) == len(runs)
@@ -175,6 +178,8 @@ def test_report_command_prints_the_document_and_figure_paths(finished: Finished,
                                                        "latency-standard.png", "server-metrics.png"}
     assert all(Path(f).stat().st_size > 0 for f in doc["figures"])
     assert [v["bar"] for v in doc["verdicts"]] == ["standard-capacity"]
+    assert "one-sided" in doc["verdicts"][0]["label"] and isinstance(doc["verdicts"][0]["blocks_used"], list)
+    assert all("censoring" in c for c in doc["capacities"])
     failed = next(x for x in doc["runs"] if x["run_id"] == finished.failed_run_id)
     assert failed["guards_failed"][0]["value"] == 87.5 and failed["guards_failed"][0]["threshold"] == 50.0
     missing = orch("report", "no-such-experiment", "--out", str(tmp_path / "x"), url=finished.url)

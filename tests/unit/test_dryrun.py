@@ -3,6 +3,7 @@ predicted verdicts over the plan's blocks, power and GPU-hours."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -115,3 +116,41 @@ def test_closed_loop_plan_is_refused() -> None:
     assert predicted_capacity_rates(plan) == {}
     with pytest.raises(ValueError, match="open-loop"):
         simulate_plan(plan)
+
+
+def test_an_odd_abba_design_is_warned_about_in_the_dry_run_and_plan_validate(result, tmp_path, capsys) -> None:
+    """Issue 17: ABBA over an odd number of blocks leaves a linear drift in the mean log ratio
+    (analysis.stats.order_balance); the dry run's notes and `orch plan validate` say so."""
+    from orchestrator.cli.main import main
+
+    assert any("2 run A first and 1 the other way" in n and "even number of blocks" in n for n in result.notes)
+    odd = tmp_path / "odd.yaml"
+    even = tmp_path / "even.yaml"
+    doc = small_plan().model_dump(mode="json", by_alias=True)
+    odd.write_text(json.dumps(doc))
+    doc["design"]["blocks"] = 4
+    even.write_text(json.dumps(doc))
+    assert main(["plan", "validate", str(odd)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: design.blocks: 3 blocks used: 2 run A first" in err and "+0.333 d" in err
+    assert main(["plan", "validate", str(even), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "design.blocks" not in out.err and not any("design.blocks" in w for w in json.loads(out.out)["plans"][0]["warnings"])
+    doc["design"] = {"blocks": 3, "order": "randomized", "seed": 3}
+    odd.write_text(json.dumps(doc))
+    assert main(["plan", "validate", str(odd)]) == 0
+    assert "design.blocks: 3 blocks used" not in capsys.readouterr().err  # ABBA only
+
+
+def test_both_arms_at_zero_are_no_ratio_in_the_dry_run() -> None:
+    """0/0 is not ln 1: a block where neither arm has any capacity gives no ratio, and the
+    predicted verdict cannot accept on it."""
+    from orchestrator.analysis.stats import BlockRatio, judge
+    from orchestrator.control.dryrun import _log_ratio, _ratio
+
+    r = _log_ratio(0.0, 0.0, 2)
+    assert isinstance(r, BlockRatio) and r.block == 2 and r.interval == (-math.inf, math.inf)
+    assert math.isnan(_ratio(r)) and _ratio(_log_ratio(0.0, 5.0)) == 0.0
+    assert _log_ratio(6.0, 3.0) == pytest.approx(math.log(2))
+    j = judge([_log_ratio(0.0, 0.0, k) for k in range(4)], 0.97, 0.95)
+    assert j.verdict == "INCONCLUSIVE" and "0/0 is not 1" in j.note

@@ -105,3 +105,24 @@ def test_a_rate_measured_twice_counts_the_mean() -> None:
     store = _Store(_caps([1.0] * 4, [1.0] * 4), {i: pts(0.90, 0.90) if i % 2 == 0 else pts(0.90, 1.0) for i in range(8)})
     (o,) = judge_experiment(store, 1, _plan(4, metric="attainment_at", rate=5.0))
     assert all(v == (0.9, pytest.approx(0.95)) for v in o.values.values())  # not the last (1.0)
+
+
+def test_dropped_and_censored_blocks_say_why() -> None:
+    """What `orch verdict` and the report show per bar: the blocks used, each censored block
+    and each dropped block with its reason (an invalid run's, a failed back-to-back guard's)."""
+    caps = _caps([100.0] * 4, [130.0, 131.0, 129.0, 128.0])
+    caps[(2, "B")] = {"capacity": 140.0, "censored": "at_ceiling", "converged": True, "upper": None}
+    store = _Store(caps)
+    store._runs[7] = SimpleNamespace(id=7, block=3, arm="B", status="failed", valid=False,
+                                     invalid_reason="guard failed at 4 req/s: generator_lag")
+    b2b = SimpleNamespace(name="back_to_back", passed=False, detail="the arms ran 30 h apart", point_id=None)
+    store.guard_results = lambda run_id: [b2b] if run_id in (2, 3) else []
+    (o,) = judge_experiment(store, 1, _plan(4))
+    assert o.blocks == [0, 2]
+    assert o.dropped == {1: "back_to_back guard failed (the arms ran 30 h apart)",
+                         3: "arm B: no valid run in 1 attempt(s); the last failed: guard failed at 4 req/s: generator_lag"}
+    assert list(o.censored) == [2] and o.censored[2].startswith("B at the load generator's ceiling: in [140, inf]")
+    ev = o.evidence()
+    assert ev["blocks_used"] == [0, 2] and [d["block"] for d in ev["dropped"]] == [1, 3]
+    assert ev["censored"] == [{"block": 2, "why": o.censored[2]}]
+    assert ev["lower_level"] == 0.95 and ev["method"] == "robust"
