@@ -44,7 +44,7 @@ def test_two_replicas_beat_one_and_the_gate_says_so(tmp_path) -> None:
 
     status = orch("status", name, "--json", env=env)
     runs = json.loads(status.stdout)["experiments"][0]["runs"]
-    assert sum(1 for run in runs if run["valid"]) == 4
+    assert sum(1 for run in runs if run["valid"]) == 8
 
 
 def test_a_a_does_not_accept_a_ten_percent_win(store, state, tmp_path) -> None:
