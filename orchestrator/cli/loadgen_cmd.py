@@ -34,7 +34,8 @@ def calibrate_cmd(
 
     result = calibrate(
         output_tokens=output_tokens, prompt_tokens=prompt_tokens, tokens_per_chunk=tokens_per_chunk,
-        api=cast(Api, api), client=cast(ClientKind, client),  # both checked above step_s=step_s, start_rate=start_rate, max_lag_p99_s=max_lag_ms / 1000,
+        api=cast(Api, api), client=cast(ClientKind, client),  # both checked above
+        step_s=step_s, start_rate=start_rate, max_lag_p99_s=max_lag_ms / 1000,
     )
     if as_json:
         emit_json(result.to_dict())

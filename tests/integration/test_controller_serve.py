@@ -26,7 +26,9 @@ import ray.exceptions as rex
 
 from orchestrator.cli.controller_cmd import hold
 from orchestrator.errors import EnvironmentProblem
-from tests.integration.test_controller import ROOT, _free_port
+from tests.support.ray_head import free_port as _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -96,6 +96,12 @@ def test_a_bad_environment_level_outside_the_cli_falls_back_to_info(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(logs.ENV, "loud")
+    # A fresh process: no terminal handler and no level yet (an earlier test in this process
+    # may have configured them, e.g. through the CLI).
+    root = logging.getLogger(logs.ROOT)
+    for h in [h for h in root.handlers if isinstance(h, logs.TerminalHandler)]:
+        monkeypatch.setattr(root, "handlers", [x for x in root.handlers if x is not h])
+    monkeypatch.setattr(root, "level", logging.NOTSET)
     logs.ensure_configured()  # as a Ray worker's progress sink does
     assert logging.getLogger(logs.ROOT).level == logging.INFO
     assert "ORCH_LOG_LEVEL=loud ignored" in capsys.readouterr().err
