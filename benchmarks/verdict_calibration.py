@@ -64,7 +64,7 @@ def verdict_cases(scale: float) -> list[Case]:
     for kind in ("normal", "student_t3", "laplace", "contaminated", "exp_tail", "exponential"):
         for direction, threshold in (("at_least", 1.10), ("at_most", 0.97)):
             for blocks in (3, 5, 10):
-                r = false_accepts(kind, blocks, n, rng, threshold=threshold, direction=direction)  # type: ignore[arg-type]
+                r = false_accepts(kind, blocks, n, rng, threshold=threshold, direction=direction)
                 add(f"false accepts at the bar: {kind}, {direction}, {blocks} blocks", at_most(BOUND), r, n, r <= BOUND)
     for kind in ("contaminated", "exp_tail", "exponential"):
         for blocks in (3, 5, 10):
@@ -118,9 +118,9 @@ def verdict_cases(scale: float) -> list[Case]:
         ia, ib = rng.integers(0, ka.size, (n, blocks)), rng.integers(0, kb.size, (n, blocks))
         lr = math.log(0.95) + np.log(kb[ib]) - np.log(ka[ia])
         for method in (STUDENT_T, "robust"):
-            r = float((judge_many(lr, 0.95, 0.95, method=method) == 1).mean())  # type: ignore[arg-type]
+            r = float((judge_many(lr, 0.95, 0.95, method=method) == 1).mean())
             add(f"  (contrast) ceiling: void and retry until valid, {method}, {blocks} blocks", "-", r, n, True)
-            r = loop_false_accepts(new_a.values, new_b.values, 0.95, blocks, e, rng, method=method)  # type: ignore[arg-type]
+            r = loop_false_accepts(new_a.values, new_b.values, 0.95, blocks, e, rng, method=method)
             add(f"ceiling caps the search, censored at_ceiling, {method}, {blocks} blocks", at_most(BOUND), r, e, r <= BOUND)
     share = float(np.mean([c == "at_ceiling" for c in new_a.censored]))
     add("  share of A's searches censored at the ceiling", "report", share, p, True)
@@ -131,7 +131,7 @@ def verdict_cases(scale: float) -> list[Case]:
     add("search in the loop: ln bias of B/A (knee-bent A, cliff B)", "|x|<=0.005", bias, 2 * p, abs(bias) <= 0.005)
     for blocks in (5, 10):
         for method in ("robust", STUDENT_T):
-            r = loop_false_accepts(sa.values, sb.values, 1.10, blocks, e, rng, method=method)  # type: ignore[arg-type]
+            r = loop_false_accepts(sa.values, sb.values, 1.10, blocks, e, rng, method=method)
             goal = at_most(BOUND) if method == "robust" else "-"
             add(f"search in the loop at the bar, {method}, {blocks} blocks", goal, r, e, method != "robust" or r <= BOUND)
     errs = np.array([search_pool(tpot_knee_curve(rng), 1, rng, sigma_arm=0.0, noise="none").errors[0]
