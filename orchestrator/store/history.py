@@ -17,6 +17,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestrator.store.models import Capacity, CapacitySummary, DeploymentConfig, Experiment, Run
+from orchestrator.store.summaries import point_estimate
 from orchestrator.store.types import utcnow
 
 CONFIG_COLUMNS = (
@@ -57,8 +58,9 @@ def _config_conditions(
 
 
 def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.ColumnElement[bool]]:
-    """WHERE clauses of the live aggregate: valid finished runs, the filters, the time range."""
-    out = [Run.valid.is_(True), Run.status == "done", *_config_conditions(**filters)]
+    """WHERE clauses of the live aggregate: valid finished runs' point estimates (no censored
+    or unconverged capacity), the filters, the time range."""
+    out = [Run.valid.is_(True), Run.status == "done", *point_estimate(), *_config_conditions(**filters)]
     if since_days is not None:
         out.append(Run.finished_at >= utcnow() - timedelta(days=since_days))
     return out

@@ -66,7 +66,7 @@ def refresh(session: Session, config_id: int, class_names: Iterable[str]) -> Non
         sa.select(Capacity.class_name, Capacity.capacity, Run.finished_at)
         .join(Run, Run.id == Capacity.run_id)
         .where(Run.config_id == config_id, Capacity.class_name.in_(classes),
-               Run.valid.is_(True), Run.status == "done")
+               Run.valid.is_(True), Run.status == "done", *point_estimate())
     )
     groups: dict[str, tuple[list[float], list[datetime | None]]] = defaultdict(lambda: ([], []))
     for cls, cap, finished in rows:
@@ -82,13 +82,21 @@ def refresh(session: Session, config_id: int, class_names: Iterable[str]) -> Non
     ])
 
 
+def point_estimate() -> tuple[sa.ColumnElement[bool], ...]:
+    """A capacity history may count: neither censored nor unconverged (DESIGN section 7: those
+    are bounds, never a point in a history median)."""
+    return (Capacity.censored.is_(None), Capacity.converged.is_(True))
+
+
 def mark_capacities(session: Session, run: Run) -> None:
     """Copy the run's configuration, validity and end time onto its capacities (the columns
-    time-ranged history reads instead of joining runs)."""
+    time-ranged history reads instead of joining runs); ``counted``: a valid finished run's
+    point estimate."""
+    run_counts = bool(run.valid) and run.status == "done"
     session.execute(
         sa.update(Capacity).where(Capacity.run_id == run.id).values(
             config_id=run.config_id, measured_at=run.finished_at,
-            counted=bool(run.valid) and run.status == "done",
+            counted=sa.and_(sa.true() if run_counts else sa.false(), *point_estimate()),
         ),
         execution_options={"synchronize_session": False},
     )
@@ -103,7 +111,7 @@ def mark_all_capacities(session: Session) -> None:
     session.execute(
         sa.update(Capacity).values(
             config_id=of_run(Run.config_id), measured_at=of_run(Run.finished_at),
-            counted=sa.func.coalesce(of_run(counted), sa.false()),
+            counted=sa.and_(sa.func.coalesce(of_run(counted), sa.false()), *point_estimate()),
         ),
         execution_options={"synchronize_session": False},
     )
