@@ -54,18 +54,20 @@ class EngineConfig(StrictModel):
     quantization: Literal["none", "fp8"] = Field(
         default="none", description="Weight quantization applied at load (--quantization)."
     )
-    max_num_seqs: int = Field(default=256, ge=1, description="Most sequences in one batch.")
+    max_num_seqs: int = Field(default=256, ge=1, le=65536, description="Most sequences in one batch (at most 65536).")
     max_num_batched_tokens: int = Field(
         default=8192,
         ge=16,
-        description="Per-step token budget; prompts longer than it are chunked (chunked prefill).",
+        le=4_194_304,
+        description="Per-step token budget; prompts longer than it are chunked (chunked prefill); "
+        "at most 4194304.",
     )
     prefix_caching: bool = Field(default=True, description="Automatic prefix caching on or off.")
     gpu_memory_utilization: float = Field(
         default=0.90, gt=0.1, le=0.99, description="Share of GPU memory vLLM may use."
     )
     max_model_len: int | None = Field(
-        default=None, ge=16, description="Longest context served; default: the model's."
+        default=None, ge=16, le=16_777_216, description="Longest context served; default: the model's (at most 16777216)."
     )
     speculative: SpeculativeConfig | None = Field(
         default=None, description="Speculative decoding, or none."
@@ -75,7 +77,7 @@ class EngineConfig(StrictModel):
         description="vLLM version (image tag on Kubernetes; checked locally). Default: the tested one.",
     )
     extra_args: tuple[str, ...] = Field(
-        default=(), description="Further `vllm serve` arguments passed through unchanged."
+        default=(), max_length=256, description="Further `vllm serve` arguments passed through unchanged (at most 256)."
     )
 
 
@@ -92,15 +94,16 @@ class RouterConfig(StrictModel):
     balance_abs_threshold: int = Field(
         default=32,
         ge=0,
-        description="cache_aware: load difference (requests) beyond which it balances instead.",
+        le=1_000_000,
+        description="cache_aware: load difference (requests) beyond which it balances instead (at most 1000000).",
     )
 
 
 class PoolSpec(StrictModel):
     """A pool of identical vLLM workers."""
 
-    replicas: int = Field(ge=1, le=64, description="Workers in the pool.")
-    tp: int = Field(default=1, description="Tensor-parallel size of each worker (GPUs per worker).")
+    replicas: int = Field(ge=1, le=64, description="Workers in the pool (at most 64).")
+    tp: int = Field(default=1, description="Tensor-parallel size of each worker (GPUs per worker): 1, 2, 4 or 8.")
 
     @field_validator("tp")
     @classmethod
@@ -128,9 +131,9 @@ class Arm(StrictModel):
         "(external arms: labels.layout).",
     )
     replicas: int | None = Field(
-        default=None, ge=1, le=64, description="colocated: number of workers."
+        default=None, ge=1, le=64, description="colocated: number of workers (at most 64)."
     )
-    tp: int = Field(default=1, description="colocated: tensor-parallel size of each worker.")
+    tp: int = Field(default=1, description="colocated: tensor-parallel size of each worker: 1, 2, 4 or 8.")
     prefill: PoolSpec | None = Field(default=None, description="disaggregated: the prefill pool.")
     decode: PoolSpec | None = Field(default=None, description="disaggregated: the decode pool.")
     kv_connector: Literal["nixl", "example", "lmcache"] | None = Field(

@@ -13,6 +13,7 @@ class StrictModel(BaseModel):
         frozen=True,
         validate_default=True,
         str_strip_whitespace=True,
+        allow_inf_nan=False,  # no field of a plan means inf or nan (YAML .inf, JSON Infinity)
     )
 
 

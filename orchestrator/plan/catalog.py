@@ -94,20 +94,21 @@ class ModelSpec(StrictModel):
     hf_id: str | None = Field(
         default=None, description="Model id or path given to `vllm serve --model`."
     )
-    params: float = Field(gt=0, description="Total parameters.")
+    params: float = Field(gt=0, le=1e14, description="Total parameters (at most 1e14).")
     active_params: float | None = Field(
         default=None,
         gt=0,
-        description="Parameters touched per token (MoE: active experts only); default: params.",
+        le=1e14,
+        description="Parameters touched per token (MoE: active experts only); default: params (at most 1e14).",
     )
-    layers: int = Field(gt=0, description="Transformer layers.")
-    kv_heads: int = Field(gt=0, description="Key/value heads (GQA groups).")
-    head_dim: int = Field(gt=0, description="Dimension of one attention head.")
-    hidden_size: int = Field(gt=0, description="Model width (used for tensor-parallel all-reduce bytes).")
+    layers: int = Field(gt=0, le=10_000, description="Transformer layers (at most 10000).")
+    kv_heads: int = Field(gt=0, le=10_000, description="Key/value heads (GQA groups; at most 10000).")
+    head_dim: int = Field(gt=0, le=65_536, description="Dimension of one attention head (at most 65536).")
+    hidden_size: int = Field(gt=0, le=1_048_576, description="Model width (used for tensor-parallel all-reduce bytes; at most 1048576).")
     dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field(
         default="bf16", description="Precision of the released weights."
     )
-    max_context: int = Field(default=32768, gt=0, description="Longest context the model supports.")
+    max_context: int = Field(default=32768, gt=0, le=16_777_216, description="Longest context the model supports (at most 16777216).")
 
     @property
     def active(self) -> float:
@@ -152,8 +153,8 @@ class ServiceClass(StrictModel):
     """A promise to a request: limits on time to first token and time per output token."""
 
     name: str = Field(min_length=1, description="Class name, e.g. interactive.")
-    ttft_ms: float = Field(gt=0, description="Time-to-first-token limit, milliseconds.")
-    tpot_ms: float = Field(gt=0, description="Time-per-output-token limit, milliseconds.")
+    ttft_ms: float = Field(gt=0, le=3_600_000, description="Time-to-first-token limit, milliseconds (at most 3600000).")
+    tpot_ms: float = Field(gt=0, le=3_600_000, description="Time-per-output-token limit, milliseconds (at most 3600000).")
 
 
 SERVICE_CLASSES: dict[str, ServiceClass] = {

@@ -50,8 +50,8 @@ Backend = Literal["sim", "local", "kubernetes", "external"]
 class RateRange(StrictModel):
     """Bounds of the offered request rate the capacity search may try."""
 
-    min: float = Field(gt=0, description="Lowest rate, requests/s.")
-    max: float = Field(gt=0, description="Highest rate, requests/s.")
+    min: float = Field(gt=0, le=100_000, description="Lowest rate, requests/s (at most 100000).")
+    max: float = Field(gt=0, le=100_000, description="Highest rate, requests/s (at most 100000).")
 
     @model_validator(mode="after")
     def _ordered(self) -> RateRange:
@@ -67,13 +67,13 @@ class SearchSettings(StrictModel):
     precision: float = Field(
         default=0.02, gt=0, lt=0.5, description="Stop when the bracket is this narrow (relative)."
     )
-    point_s: float = Field(default=120, gt=0, description="Measurement window of one load point, s.")
-    warmup_s: float = Field(default=30, ge=0, description="Sent before the window, not judged, s.")
-    cooldown_s: float = Field(default=5, ge=0, description="Sent after the window, not judged, s.")
+    point_s: float = Field(default=120, gt=0, le=86_400, description="Measurement window of one load point, s (at most 86400).")
+    warmup_s: float = Field(default=30, ge=0, le=86_400, description="Sent before the window, not judged, s (at most 86400).")
+    cooldown_s: float = Field(default=5, ge=0, le=86_400, description="Sent after the window, not judged, s (at most 86400).")
     attainment: float = Field(
         default=0.90, gt=0, le=1, description="Attainment a point needs to count toward capacity."
     )
-    max_points: int = Field(default=12, ge=2, le=64, description="Most load points per search.")
+    max_points: int = Field(default=12, ge=2, le=64, description="Most load points per search (at most 64).")
     use_prior: bool = Field(
         default=True, description="Start from the simulator's predicted capacity when available."
     )
@@ -82,16 +82,16 @@ class SearchSettings(StrictModel):
 class Design(StrictModel):
     """Blocks of back-to-back runs (one of each arm) and their order."""
 
-    blocks: int = Field(default=4, ge=1, le=100, description="Blocks; a bar needs at least 2.")
+    blocks: int = Field(default=4, ge=1, le=100, description="Blocks; a bar needs at least 2 (at most 100).")
     order: Literal["ABBA", "randomized"] = Field(
         default="ABBA", description="ABBA alternates which arm goes first; randomized draws it."
     )
-    seed: int = Field(default=0, ge=0, description="Seed of every random draw of the experiment.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of every random draw of the experiment (at most 2^63-1).")
     max_retries: int = Field(
-        default=2, ge=0, le=10, description="Retries of a run that fails a guard or loses its server."
+        default=2, ge=0, le=10, description="Retries of a run that fails a guard or loses its server (at most 10)."
     )
     window_h: float = Field(
-        default=24, gt=0, description="The arms of a block must run within this many hours."
+        default=24, gt=0, le=8760, description="The arms of a block must run within this many hours (at most 8760)."
     )
 
 
@@ -106,11 +106,11 @@ class Bar(StrictModel):
     )
     service_class: str = Field(alias="class", description="Service class the metric is taken at.")
     compare: Literal["B/A"] = Field(default="B/A", description="Ratio compared with the threshold.")
-    at_least: float | None = Field(default=None, gt=0, description="Accept if the ratio is at least this.")
-    at_most: float | None = Field(default=None, gt=0, description="Accept if the ratio is at most this.")
+    at_least: float | None = Field(default=None, gt=0, le=1000, description="Accept if the ratio is at least this (at most 1000).")
+    at_most: float | None = Field(default=None, gt=0, le=1000, description="Accept if the ratio is at most this (at most 1000).")
     confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
     rate: float | None = Field(
-        default=None, gt=0, description="goodput_at / attainment_at: offered rate, requests/s."
+        default=None, gt=0, le=100_000, description="goodput_at / attainment_at: offered rate, requests/s (at most 100000)."
     )
 
     @model_validator(mode="after")
@@ -140,12 +140,13 @@ class Bar(StrictModel):
 class GuardThresholds(StrictModel):
     """Thresholds of the validity guards (DESIGN section 9), registered with the plan."""
 
-    max_send_lag_p99_ms: float = Field(default=5.0, gt=0, description="Generator lag: p99 send lag bound.")
+    max_send_lag_p99_ms: float = Field(default=5.0, gt=0, le=60_000, description="Generator lag: p99 send lag bound, ms (at most 60000).")
     max_rate_shortfall: float = Field(
         default=0.02, ge=0, lt=1, description="Generator lag: achieved vs scheduled send rate shortfall."
     )
     max_duplicate_prompts: int = Field(
-        default=0, ge=0, description="Repeated prompts: prompts identical beyond the shared prefix."
+        default=0, ge=0, le=1_000_000_000,
+        description="Repeated prompts: prompts identical beyond the shared prefix (at most 1e9)."
     )
     prefix_hit_tolerance: float = Field(
         default=0.15, ge=0, le=1, description="Repeated prompts: |server hit rate - expected| bound."
@@ -156,7 +157,7 @@ class GuardThresholds(StrictModel):
     max_identical_output_share: float = Field(
         default=0.5, ge=0, le=1, description="Frozen randomness: share of requests sharing one output."
     )
-    stall_gap_ms: float = Field(default=500, gt=0, description="Stalls: an inter-token gap beyond this.")
+    stall_gap_ms: float = Field(default=500, gt=0, le=3_600_000, description="Stalls: an inter-token gap beyond this, ms (at most 3600000).")
     max_stall_share: float = Field(
         default=0.01, ge=0, le=1, description="Stalls: share of requests with a stall before failing."
     )
@@ -170,11 +171,11 @@ class GuardThresholds(StrictModel):
         "judged class's TTFT limit; beyond it TTFT measures the path, not the server.",
     )
     max_sim_lateness_p99_ms: float = Field(
-        default=50.0, gt=0,
+        default=50.0, gt=0, le=3_600_000,
         description="Simulator timing: p99 of how late a simulated server's steps end against its "
         "model. Up to 50 ms a late step is followed by on-time ones (the server keeps the model's "
         "timeline); beyond, it restarts the timeline and runs slower than its model: a CPU-starved "
-        "simulator measures the machine, not the model. Real engines: not checked.",
+        "simulator measures the machine, not the model. Real engines: not checked. At most 3600000.",
     )
 
 
@@ -184,12 +185,12 @@ class SimSettings(StrictModel):
     noise: float = Field(
         default=0.0, ge=0, le=0.5, description="Run-to-run efficiency jitter (sigma, relative)."
     )
-    stall_every_steps: int = Field(default=0, ge=0, description="Stall once every N engine steps (0: never).")
-    stall_ms: float = Field(default=0.0, ge=0, description="Length of one stall, ms.")
+    stall_every_steps: int = Field(default=0, ge=0, le=1_000_000_000, description="Stall once every N engine steps (0: never; at most 1e9).")
+    stall_ms: float = Field(default=0.0, ge=0, le=3_600_000, description="Length of one stall, ms (at most 3600000).")
     kv_link: Literal["nvlink", "rdma"] = Field(
         default="nvlink", description="Prefill-to-decode KV path: within a node or between nodes."
     )
-    rdma_bytes_s: float = Field(default=50e9, gt=0, description="RDMA bandwidth per GPU, bytes/s (400 Gb/s).")
+    rdma_bytes_s: float = Field(default=50e9, gt=0, le=1e13, description="RDMA bandwidth per GPU, bytes/s (400 Gb/s; at most 1e13).")
 
 
 class Plan(StrictModel):
@@ -206,11 +207,12 @@ class Plan(StrictModel):
     classes: list[ClassRef] = Field(
         default_factory=lambda: list(SERVICE_CLASSES.values()),
         min_length=1,
-        description="Service classes measured: built-in names or {name, ttft_ms, tpot_ms}.",
+        max_length=64,
+        description="Service classes measured: built-in names or {name, ttft_ms, tpot_ms} (at most 64).",
     )
     search: SearchSettings = Field(description="Capacity search settings.")
     design: Design = Field(default_factory=Design, description="Blocks and order.")
-    bars: list[Bar] = Field(default_factory=list, description="Acceptance bars, registered before any run.")
+    bars: list[Bar] = Field(default_factory=list, max_length=64, description="Acceptance bars, registered before any run (at most 64).")
     guards: GuardThresholds = Field(default_factory=GuardThresholds, description="Validity guard thresholds.")
     backend: Backend = Field(
         default="sim",

@@ -122,7 +122,7 @@ class KubernetesSettings(StrictModel):
     shm_size: str = Field(
         default="16Gi", description="Size of the memory-backed /dev/shm (NCCL needs it with TP>1)."
     )
-    cpu_per_gpu: int = Field(default=8, ge=1, description="CPU cores requested per GPU of a worker.")
+    cpu_per_gpu: int = Field(default=8, ge=1, le=1024, description="CPU cores requested per GPU of a worker (at most 1024).")
     memory_per_gpu: str = Field(default="64Gi", description="Memory requested per GPU of a worker.")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Extra node labels every vLLM pod requires."
@@ -141,7 +141,7 @@ class KubernetesSettings(StrictModel):
         "and it sets the startup probe's failure threshold.",
     )
     termination_grace_s: int = Field(
-        default=60, ge=0, description="Graceful termination period of vLLM pods, s."
+        default=60, ge=0, le=86_400, description="Graceful termination period of vLLM pods, s (at most 86400)."
     )
     ucx_tls: str = Field(
         default="cuda_ipc,cuda_copy,tcp",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
+from yaml.composer import ComposerError
 
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
@@ -16,27 +19,105 @@ from orchestrator.plan.experiment import SECTION_TYPES, Plan, cross_check
 
 SCHEMA_VERSION = 1
 
+# Bounds of what the loader reads: a plan is a page of YAML, never megabytes, never a structure
+# dozens of levels deep. Anchors and aliases are refused outright (no plan needs them and an
+# alias bomb expands exponentially); so a plan costs time and memory in proportion to its bytes.
+MAX_PLAN_BYTES = 1 << 20  # 1 MiB
+MAX_DEPTH = 32  # nesting of mappings and lists
+MAX_PROBLEMS = 200  # one error report, not an unbounded flood
+_RELAX_PASSES = 3  # re-validations with the wrong fields left out (problems they hid)
+
 
 def load_plan_file(path: str | Path) -> Plan:
     """Read and validate a plan file; raises PlanError (or UserError if it cannot be read)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
     except OSError as e:
-        raise PlanError([Problem(str(p), f"cannot read the plan: {e.strerror or e}")]) from e
+        raise PlanError([Problem(str(p), f"cannot read the plan: {e.strerror or e}")]) from None
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanError([Problem(str(p), f"the plan is larger than {MAX_PLAN_BYTES} bytes; a plan is a page of YAML")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise PlanError([Problem(str(p), f"not UTF-8 text (byte {e.start}); a plan is a YAML or JSON text file", line)]) from None
     return load_plan_text(text, source=str(p))
+
+
+class _PlanLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases and nesting beyond MAX_DEPTH, before it
+    builds anything: the composed tree is never larger than the text."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ComposerError(
+                None, None, "anchors and aliases (&name, *name, <<) are not allowed in a plan; write the values out",
+                event.start_mark,
+            )
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels; a plan is not that deep", event.start_mark
+            )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _parse(text: str) -> tuple[Any, yaml.Node | None]:
+    """The YAML document's data and its node tree; every failure is one PlanError."""
+    if len(text) > MAX_PLAN_BYTES:
+        raise PlanError([Problem("", f"the plan is larger than {MAX_PLAN_BYTES} characters; a plan is a page of YAML")])
+    loader = _PlanLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is not None:
+            dupes = _duplicate_keys(root)
+            if dupes:
+                raise PlanError(dupes)
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PlanError([Problem("", f"YAML syntax: {what}", line)]) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:  # e.g. an int of 5000 digits
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PlanError([Problem("", f"YAML value cannot be read: {msg[:200]}")]) from None
+    finally:
+        loader.dispose()
+    return data, root
+
+
+def _duplicate_keys(node: yaml.Node, prefix: tuple[str, ...] = ()) -> list[Problem]:
+    """A key given twice in one mapping: YAML would keep the last silently; here it is an error."""
+    out: list[Problem] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and name in first:
+                out.append(Problem(".".join((*prefix, name)),
+                                   f"duplicate key: given on line {first[name]} and again on line {line}", line))
+            elif isinstance(key, yaml.ScalarNode):
+                first[name] = line
+            out.extend(_duplicate_keys(value, (*prefix, name)))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out.extend(_duplicate_keys(item, (*prefix, str(i))))
+    return out
 
 
 def load_plan_text(text: str, source: str = "<plan>") -> Plan:
     """Parse YAML (or JSON) text and validate it as a Plan."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        what = getattr(e, "problem", None) or str(e)
-        raise PlanError([Problem("", f"YAML syntax: {what}", line)]) from e
+    data, root = _parse(text)
     if not isinstance(data, dict):
         raise PlanError([Problem("", f"{source}: a plan is a mapping of fields, got {type(data).__name__}")])
     if set(data) == {"schema_version", "plan"} and isinstance(data["plan"], dict):
@@ -45,16 +126,85 @@ def load_plan_text(text: str, source: str = "<plan>") -> Plan:
 
 
 def validate_plan(data: dict[str, Any], lines: dict[tuple[str, ...], int] | None = None) -> Plan:
-    """Validate a plan given as data; every problem is collected into one PlanError."""
+    """Validate a plan given as data; every problem is collected into one PlanError.
+
+    Problems a wrong field hides are found too: the plan is validated again with the wrong
+    fields left out (an arm with an unknown key still has its decode TP checked against its
+    prefill TP), and what that finds away from the fields left out is reported as well."""
     lines = lines or {}
+    if not isinstance(data, dict):
+        raise PlanError([Problem("", f"a plan is a mapping of fields, got {type(data).__name__}")])
+    non_finite = _non_finite(data)
+    plan, problems, bad = _check(data)
+    if plan is not None and not non_finite:
+        return plan
+    inf_paths = {p.path for p in non_finite}
+    problems = non_finite + [p for p in problems if p.path not in inf_paths]
+    removed: list[tuple[str, ...]] = []
+    current = data
+    for _ in range(_RELAX_PASSES):
+        locs = [loc for loc in bad if loc not in removed]
+        if not locs:
+            break
+        current = copy.deepcopy(current)
+        cut = [loc for loc in locs if _remove(current, loc)]
+        if not cut:
+            break
+        removed.extend(cut)
+        _plan, more, bad = _check(current)
+        problems.extend(p for p in more if not _under_any(p.path, removed))
+    raise PlanError(_dedupe([_with_line(p, lines) for p in problems])[:MAX_PROBLEMS]) from None
+
+
+def _check(data: dict[str, Any]) -> tuple[Plan | None, list[Problem], list[tuple[str, ...]]]:
+    """(plan, [], []) or (None, problems, the locations of the fields found wrong)."""
     try:
-        return Plan.model_validate(data)
+        return Plan.model_validate(data), [], []
     except PlanError as e:  # only the cross-section checks failed
-        raise PlanError([_with_line(p, lines) for p in e.plan_problems]) from None
+        return None, list(e.plan_problems), []
     except ValidationError as e:
         problems = _from_pydantic(e)
+        # A field's own error (not a model's cross-field one: leaving the model out hides more).
+        bad = [tuple(str(x) for x in err["loc"]) for err in e.errors()
+               if err["loc"] and not isinstance((err.get("ctx") or {}).get("error"), CrossFieldError | PlanError)]
     problems.extend(_partial_cross_checks(data))
-    raise PlanError(_dedupe([_with_line(p, lines) for p in problems])) from None
+    return None, problems, bad
+
+
+def _remove(data: Any, loc: tuple[str, ...]) -> bool:
+    """Delete the mapping key at ``loc`` (a pydantic location); False if it is not one."""
+    node = data
+    for part in loc[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    if isinstance(node, dict) and loc and loc[-1] in node:
+        del node[loc[-1]]
+        return True
+    return False
+
+
+def _under_any(path: str, removed: list[tuple[str, ...]]) -> bool:
+    parts = tuple(path.split(".")) if path else ()
+    return any(parts[: len(r)] == r for r in removed)
+
+
+def _non_finite(data: Any, prefix: tuple[str, ...] = ()) -> list[Problem]:
+    """inf and nan, wherever they are: no field of a plan means them (YAML .inf, JSON Infinity)."""
+    out: list[Problem] = []
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, prefix)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            out.append(Problem(".".join(path), f"{value} is not a number a plan may hold (finite values only)"))
+        elif isinstance(value, dict):
+            stack.extend((v, (*path, str(k))) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, (*path, str(i))) for i, v in enumerate(value))
+    return sorted(out, key=lambda p: p.path)
 
 
 def _from_pydantic(e: ValidationError) -> list[Problem]:
@@ -77,7 +227,8 @@ def _from_pydantic(e: ValidationError) -> list[Problem]:
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif "input" in err and err["type"].endswith("_type") or err["type"].endswith("_parsing"):
-            msg = f"{msg} (got {err['input']!r})"
+            got = repr(err.get("input"))
+            msg = f"{msg} (got {got[:80] + '...' if len(got) > 80 else got})"
         out.append(Problem(".".join(loc), msg))
     return out
 

@@ -12,18 +12,19 @@ from orchestrator.plan.base import CrossFieldError, StrictModel
 class LengthDist(StrictModel):
     """A distribution of token counts (prompt lengths)."""
 
-    mean: float = Field(gt=0, description="Mean token count.")
+    mean: float = Field(gt=0, le=1_000_000, description="Mean token count (at most 1000000).")
     dist: Literal["fixed", "lognormal", "uniform", "normal"] = Field(
         default="fixed", description="Shape of the distribution."
     )
     sigma: float = Field(
         default=0.0,
         ge=0,
-        description="lognormal: sigma of the log; normal: standard deviation in tokens; "
-        "uniform: half-width as a share of the mean.",
+        le=1_000_000,
+        description="lognormal: sigma of the log (at most 4); normal: standard deviation in tokens "
+        "(at most 1000000); uniform: half-width as a share of the mean (below 1).",
     )
-    min: int = Field(default=1, ge=1, description="Lower clip, tokens.")
-    max: int | None = Field(default=None, ge=1, description="Upper clip, tokens (default none).")
+    min: int = Field(default=1, ge=1, le=1_000_000, description="Lower clip, tokens (at most 1000000).")
+    max: int | None = Field(default=None, ge=1, le=1_000_000, description="Upper clip, tokens (default none; at most 1000000).")
 
     @model_validator(mode="after")
     def _bounds(self) -> LengthDist:
@@ -31,6 +32,8 @@ class LengthDist(StrictModel):
             raise CrossFieldError([("max", f"max ({self.max}) is below min ({self.min})")])
         if self.dist == "uniform" and self.sigma >= 1:
             raise CrossFieldError([("sigma", "uniform half-width share must be < 1")])
+        if self.dist == "lognormal" and self.sigma > 4:
+            raise CrossFieldError([("sigma", f"lognormal sigma {self.sigma} is beyond 4 (e^4 = 55x spread)")])
         return self
 
 
@@ -43,16 +46,17 @@ class OpenLoop(StrictModel):
     burstiness: float = Field(
         default=1.0,
         gt=0,
-        description="gamma: shape factor; 1 is poisson, below 1 burstier (vllm bench's meaning).",
+        le=1000,
+        description="gamma: shape factor; 1 is poisson, below 1 burstier (vllm bench's meaning); at most 1000.",
     )
 
 
 class ClosedLoop(StrictModel):
     """N users, each waiting for its reply (and a think time) before sending again."""
 
-    users: int = Field(ge=1, description="Concurrent users.")
-    think_s: float = Field(default=0.0, ge=0, description="Pause between a reply and the next request.")
-    ramp_up_s: float = Field(default=0.0, ge=0, description="Users start evenly over this time.")
+    users: int = Field(ge=1, le=100_000, description="Concurrent users (at most 100000).")
+    think_s: float = Field(default=0.0, ge=0, le=86_400, description="Pause between a reply and the next request, s (at most 86400).")
+    ramp_up_s: float = Field(default=0.0, ge=0, le=86_400, description="Users start evenly over this time, s (at most 86400).")
 
 
 class PromptSpec(StrictModel):
@@ -65,8 +69,8 @@ class PromptSpec(StrictModel):
         lt=1,
         description="Share of first-turn prompt tokens common to all requests (a system prompt).",
     )
-    conversations: int = Field(default=1000, ge=1, description="Distinct conversations.")
-    turns: int = Field(default=1, ge=1, description="Turns per conversation; history grows each turn.")
+    conversations: int = Field(default=1000, ge=1, le=1_000_000, description="Distinct conversations (at most 1000000).")
+    turns: int = Field(default=1, ge=1, le=1000, description="Turns per conversation; history grows each turn (at most 1000).")
     followup_tokens: LengthDist | None = Field(
         default=None,
         description="New user tokens per later turn; default: the unshared part of input_tokens.",
@@ -82,7 +86,7 @@ class Workload(StrictModel):
     closed: ClosedLoop | None = Field(default=None, description="Closed-loop users instead of arrivals.")
     prompts: PromptSpec = Field(description="Prompt lengths, sharing and conversations.")
     output_tokens: int = Field(
-        ge=1, description="Reply length, enforced with max_tokens + ignore_eos and checked."
+        ge=1, le=1_000_000, description="Reply length, enforced with max_tokens + ignore_eos and checked (at most 1000000)."
     )
     api: Literal["completions", "chat"] = Field(default="completions", description="Endpoint used.")
 
