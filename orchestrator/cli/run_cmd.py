@@ -65,6 +65,8 @@ def run(
     blocks: int | None = typer.Option(None, "--blocks", min=1, help="Run only the first N blocks now."),
     new: bool = typer.Option(False, "--new", help="Start a new experiment instead of resuming."),
     name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
+    take_over: bool = typer.Option(False, "--take-over", help="Resume an experiment whose controller "
+                                   "died (never one whose controller is alive: that is refused)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Register the plan if needed, run it (or resume it) here, print the verdicts."""
@@ -73,7 +75,7 @@ def run(
 
     plan = load_plan_file(file)
     with Store.open() as store:
-        out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name)
+        out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name, take_over=take_over)
         doc = _outcome_doc(store, out)
     emit_json(doc) if as_json else _print_outcome(doc)
 

@@ -40,6 +40,8 @@ def _run_experiment(db_url: str, experiment_id: int, state_root: str) -> dict[st
     from orchestrator.control.progress import PlainProgress
     from orchestrator.control.session import build_executor
     from orchestrator.store import Store
+    from orchestrator.store.lease import LeaseHeld, LeaseLost
+    from orchestrator.store.retry import DatabaseOutage
 
     # Experiments share the controller's log stream: each line says which one (and when).
     try:
@@ -53,6 +55,8 @@ def _run_experiment(db_url: str, experiment_id: int, state_root: str) -> dict[st
                                   session=f"ray:{socket.gethostname()}:{os.getpid()}")
         try:
             out = executor.run(plan, experiment_id=experiment_id)
+        except (LeaseHeld, LeaseLost, DatabaseOutage):
+            raise  # another live owner's experiment, or one to resume: not failed
         except Exception:
             store.set_experiment_status(experiment_id, "failed")
             raise

@@ -26,6 +26,7 @@ from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
 from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
+from orchestrator.control.spool import replay, spooled_points
 from orchestrator.control.verdicts import (
     BACK_TO_BACK,
     BarOutcome,
@@ -35,7 +36,9 @@ from orchestrator.control.verdicts import (
 )
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
 from orchestrator.plan import Plan
-from orchestrator.store.repository import same_plan
+from orchestrator.store.lease import ExperimentLease, LeaseLost
+from orchestrator.store.repository import Store, same_plan
+from orchestrator.store.retry import DatabaseOutage, ResilientStore, first_line, retrying
 from orchestrator.store.rows import Registration
 
 
@@ -50,6 +53,7 @@ class ExecutorConfig:
     max_blocks: int | None = None  # run only this many blocks now (a later run resumes)
     generator_ceiling: float | None = None  # requests/s one process sustains (calibration)
     priors: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> class -> rate
+    db_retry_budget_s: float | None = None  # None: ORCH_DB_RETRY_BUDGET_S, else 60 s
 
 
 @dataclass
@@ -84,8 +88,10 @@ class Executor:
     """Runs one plan to its verdicts on one backend, storing everything as it goes."""
 
     def __init__(self, store, backend: Backend, config: ExecutorConfig, progress: ProgressSink | None = None,
-                 session: str | None = None):
+                 session: str | None = None, take_over: bool = False):
         self.store = store
+        self.take_over = take_over
+        self._lease: ExperimentLease | None = None
         self.backend = backend
         self.config = config
         self.progress = progress or PlainProgress()
@@ -123,6 +129,37 @@ class Executor:
         return contextvars.copy_context().run(self._run, plan, new, name, experiment_id)
 
     def _run(self, plan: Plan, new: bool, name: str | None, experiment_id: int | None) -> ExperimentOutcome:
+        base = self.store
+        self.store = ResilientStore(base, self.config.db_retry_budget_s)
+        try:
+            return self._run_owned(plan, new, name, experiment_id, base)
+        finally:
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
+            self.store = base
+
+    def _take_lease(self, base: Any, exp_id: int) -> None:
+        """Own the experiment (DESIGN 12) and fence every later write of this executor by it;
+        then write back what a dead process of this experiment left in the spool."""
+        if isinstance(base, Store):
+            self._lease = ExperimentLease(base, exp_id, self.session).acquire(self.take_over)
+            self.store = ResilientStore(self._lease.fenced(), self.store.retry_budget_s)
+        spool = self.config.state_dir / "spool"
+        if spooled_points(spool):
+            mine: set[int] = set()
+            for r in self.store.runs(exp_id):
+                mine.update(int(i) for i in self.store.points(r.id)["id"])
+            written = retrying(lambda: replay(self.store, spool, mine), "spool replay", self.store.retry_budget_s)
+            if written:
+                self.progress.note(f"replayed {written} spooled request record(s) of an earlier process")
+
+    def _ensure_owner(self) -> None:
+        if self._lease is not None:
+            retrying(self._lease.ensure, "lease check", self.store.retry_budget_s)
+
+    def _run_owned(self, plan: Plan, new: bool, name: str | None, experiment_id: int | None,
+                   base: Any) -> ExperimentOutcome:
         if experiment_id is None:
             reg, exp_id, resumed = self.prepare(plan, new, name)
         else:
@@ -130,6 +167,7 @@ class Executor:
             reg = self.store.get_registration(self.store.get_experiment(exp_id).registration_id)
             if not same_plan(reg.canonical_json, plan):
                 raise UserError(f"experiment {exp_id} was registered with a different plan")
+        self._take_lease(base, exp_id)
         exp = self.store.get_experiment(exp_id)
         logs.bind(experiment=exp.name, block=None, arm=None, attempt=None)
         self.store.set_experiment_status(exp_id, "running", controller_id=self.session)
@@ -149,6 +187,8 @@ class Executor:
                     self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
                 self._judge_block(plan, exp_id, block)
                 self.progress.block_done()
+        except (DatabaseOutage, LeaseLost):
+            raise  # the store cannot, or must not, be written; the experiment stays resumable
         except BaseException:
             self.store.set_experiment_status(exp_id, "running")  # resumable; status stays open
             raise
@@ -206,6 +246,7 @@ class Executor:
         caller, after the error's delay); a PermanentError is stored and raised: it would fail
         every attempt and every block the same way, so the experiment stops with its remedy."""
         logs.bind(block=block, arm=arm, attempt=attempt)
+        self._ensure_owner()
         self.progress.run_started(block, arm, attempt)
         run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
         key = RunKey(exp_name, arm, block, attempt)
@@ -237,6 +278,16 @@ class Executor:
             line = ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
             self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({_count(points)} points)")
             return RunSummary(run_id, block, arm, attempt, True, None, caps, _count(points))
+        except DatabaseOutage as e:
+            # One try, no retry budget: if the database is back, the run says why it ended;
+            # if not, the resume marks it aborted. The spool keeps the records either way.
+            try:
+                inner = getattr(self.store, "inner", self.store)
+                inner.finish_run(run_id, "aborted", False, f"database outage: {e}", record())
+            except Exception as again:  # noqa: BLE001 - still down: nothing more to do here
+                self.progress.note(f"could not store the abort ({first_line(again)})")
+            self.progress.run_done(f"block {block} arm {arm}: ABORTED ({e})")
+            raise
         except PermanentError as e:
             reason = f"PermanentError: {e}"
             self.store.finish_run(run_id, "failed", False, reason, record())
@@ -289,6 +340,7 @@ class Executor:
         if cls is None and ceiling is not None and rate > ceiling:
             raise RunInvalid(f"bar rate {rate:.3g} req/s is above the generator's calibrated ceiling "
                              f"{ceiling:.3g} req/s: use Ray shards (orch submit) or a bar rate at or below it")
+        self._ensure_owner()
         self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
                                     plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
         seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)

@@ -160,6 +160,16 @@ def drain_seconds(plan: Plan) -> float:
     return min(60.0, 1.5 * worst + 1.0)
 
 
+def _flush_within(sink: SpoolingSink, budget_s: float) -> bool:
+    """Write what the sink spooled during an outage, retrying with backoff for up to
+    ``budget_s``; True when nothing is left on disk (else the spool waits for the resume)."""
+    deadline, delay = time.monotonic() + budget_s, 0.2
+    while not (flushed := sink.flush()) and time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(2 * delay, 5.0)
+    return flushed
+
+
 class PointRunner:
     """Measures load points of one run and stores everything as it goes."""
 
@@ -234,7 +244,7 @@ class PointRunner:
             access_path_p99_s=access_path_p99(dep),
         )
         guards = run_guards(records, plan.guards, context)
-        flushed = sink.flush()
+        flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
         doc = metrics.to_dict()
         context_doc = {
             "server_prefix_hit_rate": hit, "ideal_prefix_hit_rate": context.expected_prefix_hit_rate,

@@ -115,6 +115,7 @@ def build_executor(
     blocks: int | None = None,
     backend_obj: Backend | None = None,
     session: str | None = None,
+    take_over: bool = False,
 ) -> Executor:
     """The one wiring of backend, generator ceiling and priors, for `orch run` in the
     foreground and for the Ray controller's experiment task."""
@@ -128,7 +129,7 @@ def build_executor(
                       "no ceiling enforced, the generator-lag guard still judges every point")
     priors = simulator_priors(plan) if plan.search.use_prior and be.name in PRIOR_BACKENDS else {}
     config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors)
-    return Executor(store, be, config, progress, session=session)
+    return Executor(store, be, config, progress, session=session, take_over=take_over)
 
 
 def run_plan(
@@ -140,11 +141,13 @@ def run_plan(
     name: str | None = None,
     progress: ProgressSink | None = None,
     backend_obj: Backend | None = None,
+    take_over: bool = False,
 ) -> ExperimentOutcome:
     """Run (or resume) a plan to its verdicts in this process."""
     progress = progress or progress_for_terminal()
     try:
-        executor = build_executor(plan, store, backend, state_dir(), progress, blocks, backend_obj)
+        executor = build_executor(plan, store, backend, state_dir(), progress, blocks, backend_obj,
+                                  take_over=take_over)
         return executor.run(plan, new=new, name=name)
     finally:
         progress.close()

@@ -4,6 +4,7 @@ spool file and are flushed, in order, once the database answers again. Nothing i
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import fields
@@ -61,8 +62,13 @@ class SpoolingSink:
 
     def _spool(self, batch: Sequence[RequestRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
         with open(self.path, "a") as f:
             f.write(json.dumps([[getattr(r, k) for k in _FIELDS] for r in batch]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # taken is kept: on disk before the call returns
+        if new:
+            _fsync_dir(self.path.parent)
         self.spooled_batches += 1
 
     def _flush_locked(self) -> bool:
@@ -77,9 +83,16 @@ class SpoolingSink:
                 self.stored += self._ingest(batch)
             except OUTAGE_ERRORS:
                 rest = lines[i:]
-                self.path.write_text("\n".join(rest) + "\n")
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                with open(tmp, "w") as f:
+                    f.write("\n".join(rest) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+                _fsync_dir(self.path.parent)
                 return False
         self.path.unlink()
+        _fsync_dir(self.path.parent)
         return True
 
     def flush(self) -> bool:
@@ -90,3 +103,36 @@ class SpoolingSink:
     @property
     def pending(self) -> bool:
         return self.path.exists()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def spooled_points(spool_dir: Path) -> list[int]:
+    """Point ids with records left in ``spool_dir`` (by this or an earlier process)."""
+    out = []
+    for p in Path(spool_dir).glob("point-*.jsonl"):
+        stem = p.name[len("point-"):-len(".jsonl")]
+        if stem.isdigit():
+            out.append(int(stem))
+    return sorted(out)
+
+
+def replay(store, spool_dir: Path, point_ids: set[int]) -> int:
+    """Write what a dead process spooled for these points; the count of records written.
+    Raises the database's error when it is still down (nothing is removed then)."""
+    written = 0
+    for pid in spooled_points(spool_dir):
+        if pid not in point_ids:
+            continue
+        sink = SpoolingSink(store, pid, spool_dir)
+        if not sink.flush():
+            raise EnvironmentProblem(f"the database refused the spooled records of point {pid} "
+                                     f"({sink.path}); they stay there for the next resume")
+        written += sink.stored
+    return written

@@ -1,0 +1,141 @@
+"""One controller owns an experiment at a time (DESIGN 12): a second `orch run` of a live
+experiment is refused naming the owner and leaves the first untouched; `--take-over` resumes
+after the owner died; a stale owner's write is refused (fenced by experiments.controller_id)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.store import Store
+from orchestrator.store.lease import ExperimentLease, LeaseHeld, LeaseLost
+from tests.e2e.helpers import BASE, ROOT, small_plan
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _setup(store: Store) -> tuple[int, int, int]:
+    plan = small_plan(name="own")
+    reg = store.register_plan(plan)
+    exp = store.create_experiment(reg.id)
+    config = store.deployment_config(plan, "A")
+    return reg.id, exp, config
+
+
+def test_stale_owner_cannot_write(db_url: str) -> None:
+    """Two Store objects, two sessions: the second takes the lease only once the first's is
+    free; the first, now stale, cannot start or finish a run (nothing of it is committed)."""
+    with Store.open(db_url) as s1, Store.open(db_url, migrate=False) as s2:
+        _, exp, config = _setup(s1)
+        first = ExperimentLease(s1, exp, "host-a:1").acquire()
+        fenced1 = first.fenced()
+        run = fenced1.start_run(exp, "A", 0, 0, 0, config)
+        with pytest.raises(LeaseHeld, match=r"is being run by host-a:1.*orch cancel"):
+            ExperimentLease(s2, exp, "host-b:2").acquire(take_over=True)
+        first.release()  # as if host-a:1 died: its lock is gone, its process may linger
+        second = ExperimentLease(s2, exp, "host-b:2").acquire(take_over=True)
+        try:
+            assert s2.get_experiment(exp).controller_id == "host-b:2"
+            with pytest.raises(LeaseLost, match="now owned by host-b:2"):
+                fenced1.finish_run(run, "done", True, None, {})
+            with pytest.raises(LeaseLost):
+                fenced1.start_run(exp, "B", 0, 1, 0, config)
+            with pytest.raises(LeaseLost):
+                first.ensure()
+            assert [(r.id, r.status) for r in s2.runs(exp)] == [(run, "running")]
+            second.ensure()
+            second.fenced().finish_run(run, "aborted", False, "interrupted", {})
+            assert s2.runs(exp)[0].status == "aborted"
+        finally:
+            second.release()
+
+
+def _env(tmp_path: Path, db: str) -> dict[str, str]:
+    return {**os.environ, "ORCH_DATABASE_URL": db, "ORCH_STATE_DIR": str(tmp_path / "state"),
+            "ORCH_SKIP_CALIBRATION": "1"}
+
+
+def _plan_file(tmp_path: Path, name: str) -> Path:
+    plan = dict(BASE, name=name, design={"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def _wait_running(db: str, proc: subprocess.Popen[bytes], log: Path, points: int = 0) -> tuple[Store, int]:
+    """Until the first process has a running run (with ``points`` points stored)."""
+    store = None
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            store = store or Store.open(db, migrate=False)
+            exps = store.list_experiments()
+            running = [r for r in store.runs(exps[0].id) if r.status == "running"] if exps else []
+            if running and len(store.points(running[0].id)) >= points:
+                return store, exps[0].id
+        except Exception:  # noqa: BLE001 - the first process may still be migrating
+            continue
+    pytest.fail("the first run never started a run")
+
+
+def test_second_run_refused_while_first_completes_untouched(tmp_path: Path) -> None:
+    plan_file = _plan_file(tmp_path, "own-concurrent")
+    db = f"sqlite:///{tmp_path / 'orch.sqlite'}"
+    env = _env(tmp_path, db)
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "run", str(plan_file), "--json"]
+    log = tmp_path / "first.log"
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
+                             start_new_session=True)
+    try:
+        store, exp_id = _wait_running(db, first, log)
+        second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stderr[-2000:]
+        lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "is being run by" in lines[0] and f":{first.pid}" in lines[0], second.stderr
+        assert "orch cancel" in lines[0]
+        taken = subprocess.run([*cmd, "--take-over"], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=60)
+        assert taken.returncode == 2 and "is being run by" in taken.stderr, taken.stderr[-2000:]
+        assert first.wait(100) == 0, log.read_text()[-3000:]
+        runs = store.runs(exp_id)
+        assert [r.status for r in runs] == ["done", "done"] and all(r.valid for r in runs)
+        exp = store.get_experiment(exp_id)
+        assert exp.status == "done" and exp.controller_id.endswith(f":{first.pid}")
+        store.close()
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+
+
+def test_take_over_after_owner_killed_resumes(tmp_path: Path) -> None:
+    plan_file = _plan_file(tmp_path, "own-takeover")
+    db = f"sqlite:///{tmp_path / 'orch.sqlite'}"
+    env = _env(tmp_path, db)
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "run", str(plan_file), "--json"]
+    log = tmp_path / "first.log"
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115
+                             start_new_session=True)
+    try:
+        store, exp_id = _wait_running(db, first, log, points=1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+    killed = next(r for r in store.runs(exp_id) if r.status == "running")
+    again = subprocess.run([*cmd, "--take-over"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert again.returncode == 0, again.stderr[-3000:]
+    runs = store.runs(exp_id)
+    assert next(r for r in runs if r.id == killed.id).status == "aborted"
+    assert sorted((r.block, r.arm) for r in runs if r.status == "done" and r.valid) == [(0, "A"), (0, "B")]
+    exp = store.get_experiment(exp_id)
+    assert exp.status == "done" and exp.controller_id != f"{killed.id}" and f":{first.pid}" not in exp.controller_id
+    store.close()
