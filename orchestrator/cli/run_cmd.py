@@ -18,6 +18,8 @@ from orchestrator.plan import load_plan_file, plan_from_canonical
 # `orch --help` and the other commands start quickly.
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+# `orch verdict --verify`: a finished run's records no longer give the digest stored with it.
+VERIFY_EXIT = 6
 
 
 def _num(x: Any) -> Any:
@@ -188,6 +190,8 @@ def _experiment_doc(store, key: str) -> tuple[dict, int]:
 def verdict(
     experiment: str = typer.Argument(..., help="Experiment name or id."),
     gate: bool = typer.Option(False, "--gate", help="Exit 0 all accepted, 3 rejected, 4 inconclusive, 5 a run invalid."),
+    verify: bool = typer.Option(False, "--verify", help="Recompute each finished run's digest; exit "
+                                f"{VERIFY_EXIT} (one line per run) if its records changed since it finished."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Bar verdicts of an experiment with estimates and intervals."""
@@ -195,7 +199,20 @@ def verdict(
 
     with Store.open() as store:
         doc, code = _experiment_doc(store, experiment)
+        checks = store.verify_digests(doc["experiment"]["id"]) if verify else []
+    changed = [c for c in checks if c.changed]
+    if verify:
+        doc["verify"] = {"checked": sum(c.stored is not None for c in checks),
+                         "unchecked": [c.run_id for c in checks if c.stored is None],
+                         "changed": [{"run": c.run_id, "block": c.block, "arm": c.arm, "attempt": c.attempt,
+                                      "stored": c.stored, "actual": c.actual} for c in changed]}
     emit_json(doc) if as_json else _print_outcome(doc)
+    for c in changed:
+        stored = (c.stored or "")[:12]
+        sys.stderr.write(f"run {c.run_id} (block {c.block}, arm {c.arm}, attempt {c.attempt}): records changed "
+                         f"since the run finished (digest stored {stored}, now {c.actual[:12]})\n")
+    if changed:
+        raise typer.Exit(VERIFY_EXIT)
     if gate and code:
         raise typer.Exit(code)
 

@@ -131,6 +131,8 @@ class Run(Base):
     fingerprint: Mapped[Any] = mapped_column(JSONDoc, nullable=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # sha256 of the run's records, stored when it finishes (appendonly.run_digest; 0006)
+    digest: Mapped[str | None] = mapped_column(sa.String(64))
 
 
 class LoadPoint(Base):
@@ -242,8 +244,9 @@ class BarVerdict(Base):
     """A bar's verdict, always tied to the registration it was judged against."""
 
     __tablename__ = "bar_verdicts"
+    # Append-only (0006): a new verdict is a new row; the latest (highest id) per bar is read.
     __table_args__ = (
-        sa.UniqueConstraint("experiment_id", "bar_id"),
+        sa.Index("ix_bar_verdicts_experiment_id_bar_id", "experiment_id", "bar_id"),
         sa.ForeignKeyConstraint(
             ["experiment_id", "registration_id"],
             ["experiments.id", "experiments.registration_id"],
@@ -306,6 +309,16 @@ class CapacitySummary(Base):
     min: Mapped[float] = mapped_column(sa.Double)
     max: Mapped[float] = mapped_column(sa.Double)
     last_measured: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class MaintenanceFlag(Base):
+    """SQLite's maintenance escape (migration 0006): while a row exists in the writer's own
+    transaction, the append-only triggers let an operator's delete through. Never committed
+    with a row in it; unused on PostgreSQL (a session setting there)."""
+
+    __tablename__ = "orch_maintenance"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
 
 
 REQUEST_COLUMNS: tuple[str, ...] = tuple(c.name for c in Request.__table__.columns)

@@ -21,6 +21,7 @@ from orchestrator.errors import EnvironmentProblem, PermanentError, PlanError, U
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
 from orchestrator.store import database, history, summaries
+from orchestrator.store.appendonly import maintenance, run_digest
 from orchestrator.store.ingest import fetch_requests, ingest_requests
 from orchestrator.store.models import (
     BarVerdict,
@@ -59,6 +60,28 @@ class ImmutableRegistration(PermanentError):
 
 class StoreConflict(PermanentError):
     """A write that would duplicate or contradict what is stored (e.g. the same run twice)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DigestCheck:
+    """A finished run's stored digest against the one its records give now (``stored`` None:
+    finished before digests were kept, not checked)."""
+
+    run_id: int
+    arm: str
+    block: int
+    attempt: int
+    stored: str | None
+    actual: str
+
+    @property
+    def changed(self) -> bool:
+        return self.stored is not None and self.stored != self.actual
+
+
+def _refused(what: str, e: IntegrityError) -> StoreConflict:
+    first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+    return StoreConflict(f"{what} refused: {first}")
 
 
 @sa.event.listens_for(Session, "before_flush")
@@ -269,8 +292,13 @@ class Store:
             return [_experiment(r) for r in s.scalars(sa.select(Experiment).order_by(Experiment.id.desc()))]
 
     def delete_experiment(self, experiment_id: int) -> None:
-        """Remove an experiment and everything it measured (the registration stays)."""
-        with self._sessions.begin() as s:
+        """Remove an experiment and everything it measured (the registration stays).
+
+        Measurements are append-only (migration 0006): this is the one delete the store makes,
+        through the maintenance escape (appendonly.maintenance) for this transaction only. On
+        PostgreSQL the escape works only for the tables' owner, so it needs the migration
+        owner's DSN; the runtime role is refused."""
+        with self._sessions.begin() as s, maintenance(s):
             touched = summaries.groups_of_runs(s, Run.experiment_id == experiment_id)
             s.execute(sa.delete(Experiment).where(Experiment.id == experiment_id))
             for config_id, classes in touched.items():
@@ -330,10 +358,18 @@ class Store:
         if status not in RUN_STATUSES:
             raise ValueError(f"run status {status!r} is not one of {RUN_STATUSES}")
         fp = _plain(dict(fingerprint or {}))
+        try:
+            self._finish_run(run_id, status, valid, invalid_reason, fp)
+        except IntegrityError as e:  # a finished run cannot change (append-only, 0006)
+            raise _refused(f"finishing run {run_id} as {status}", e) from None
+
+    def _finish_run(self, run_id: int, status: str, valid: bool, invalid_reason: str | None,
+                    fp: dict[str, Any]) -> None:
         with self._sessions.begin() as s:
             row = s.get(Run, run_id)
             if row is None:
                 raise NotFound(f"no run with id {run_id}")
+            row.digest = run_digest(s, run_id)
             row.status, row.valid, row.invalid_reason = status, bool(valid), invalid_reason
             row.fingerprint = fp
             for key in ("engine_version", "image_digest", "gpu_type", "driver"):
@@ -346,6 +382,15 @@ class Store:
             summaries.mark_capacities(s, row)
             classes = s.scalars(sa.select(Capacity.class_name).where(Capacity.run_id == run_id)).all()
             summaries.refresh(s, row.config_id, classes)
+
+    def verify_digests(self, experiment_id: int) -> list[DigestCheck]:
+        """Every finished run's stored digest against its records now (``orch verdict --verify``)."""
+        with self._sessions.begin() as s:
+            runs = s.scalars(
+                sa.select(Run).where(Run.experiment_id == experiment_id, Run.status != "running")
+                .order_by(Run.block, Run.position, Run.attempt)
+            ).all()
+            return [DigestCheck(r.id, r.arm, r.block, r.attempt, r.digest, run_digest(s, r.id)) for r in runs]
 
     def runs(self, experiment_id: int) -> list[RunInfo]:
         """Every run of the experiment (all attempts), in execution order."""
@@ -403,15 +448,18 @@ class Store:
         context: Mapping[str, Any] | None = None,
     ) -> None:
         """Complete a point opened by ``record_point`` before its records streamed in."""
-        with self._sessions.begin() as s:
-            row = s.get(LoadPoint, point_id)
-            if row is None:
-                raise NotFound(f"no load point with id {point_id}")
-            row.achieved_rate, row.throughput_tok_s = achieved_rate, throughput_tok_s
-            row.per_class, row.percentiles = _plain(dict(per_class)), _plain(dict(percentiles))
-            if context is not None:
-                row.context = _plain(dict(context))
-            row.valid = bool(valid)
+        try:
+            with self._sessions.begin() as s:
+                row = s.get(LoadPoint, point_id)
+                if row is None:
+                    raise NotFound(f"no load point with id {point_id}")
+                row.achieved_rate, row.throughput_tok_s = achieved_rate, throughput_tok_s
+                row.per_class, row.percentiles = _plain(dict(per_class)), _plain(dict(percentiles))
+                if context is not None:
+                    row.context = _plain(dict(context))
+                row.valid = bool(valid)
+        except IntegrityError as e:  # a point of a finished run cannot change (0006)
+            raise _refused(f"completing load point {point_id}", e) from None
 
     def points(self, run_id: int) -> pd.DataFrame:
         """A run's load points in the order they were measured."""
@@ -455,25 +503,29 @@ class Store:
     ) -> None:
         """A run's capacity at a class with its censoring (None, below_min, above_max or
         at_ceiling), whether the search converged, and the upper bound on the true capacity
-        (None or inf: unbounded); recording it again replaces it (a resumed search)."""
+        (None or inf: unbounded); recording it again replaces it (a resumed search) while the
+        run is running; once the run finished its capacities cannot change (0006)."""
         if censored is not None and censored not in CENSORING:
             raise ValueError(f"censored must be None or one of {', '.join(CENSORING)} (got {censored!r})")
         top = None if upper is None or not math.isfinite(float(upper)) else float(upper)
         values = dict(capacity=float(capacity), at_rate=at_rate, attainment=attainment, points_used=int(points_used),
                       censored=censored, converged=bool(converged), upper=top)
-        with self._sessions.begin() as s:
-            run = s.get(Run, run_id)
-            if run is None:
-                raise NotFound(f"no run with id {run_id}")
-            row = s.scalar(sa.select(Capacity).where(Capacity.run_id == run_id, Capacity.class_name == class_name))
-            if row is None:
-                s.add(Capacity(run_id=run_id, class_name=class_name, **values))
-            else:
-                for k, v in values.items():
-                    setattr(row, k, v)
-            s.flush()
-            summaries.mark_capacities(s, run)
-            summaries.refresh(s, run.config_id, [class_name])
+        try:
+            with self._sessions.begin() as s:
+                run = s.get(Run, run_id)
+                if run is None:
+                    raise NotFound(f"no run with id {run_id}")
+                row = s.scalar(sa.select(Capacity).where(Capacity.run_id == run_id, Capacity.class_name == class_name))
+                if row is None:
+                    s.add(Capacity(run_id=run_id, class_name=class_name, **values))
+                else:
+                    for k, v in values.items():
+                        setattr(row, k, v)
+                s.flush()
+                summaries.mark_capacities(s, run)
+                summaries.refresh(s, run.config_id, [class_name])
+        except IntegrityError as e:  # a capacity of a finished run cannot change (0006)
+            raise _refused(f"recording the {class_name} capacity of run {run_id}", e) from None
 
     def capacities(self, experiment_id: int) -> pd.DataFrame:
         """Per run and class: arm, block, attempt, validity, capacity and its censoring
@@ -499,7 +551,8 @@ class Store:
     ) -> None:
         """A bar's verdict, judged against the experiment's registration (the only one allowed),
         with what it rests on: ``label`` (exactly what lower..upper is), ``note`` and
-        ``evidence`` (blocks used, censored and dropped blocks and why)."""
+        ``evidence`` (blocks used, censored and dropped blocks and why). Append-only: judging a
+        bar again adds a row; ``verdicts`` reads the latest."""
         if verdict not in VERDICTS:
             raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
         values = dict(
@@ -516,17 +569,15 @@ class Store:
                     f"experiment {experiment_id} runs registration {exp.registration_id}; a verdict "
                     f"judged against registration {registration_id} is refused"
                 )
-            row = s.scalar(sa.select(BarVerdict).where(
-                BarVerdict.experiment_id == experiment_id, BarVerdict.bar_id == bar_id))
-            if row is None:
-                s.add(BarVerdict(experiment_id=experiment_id, bar_id=bar_id, **values))
-            else:
-                for k, v in values.items():
-                    setattr(row, k, v)
+            s.add(BarVerdict(experiment_id=experiment_id, bar_id=bar_id, **values))
 
-    def verdicts(self, experiment_id: int) -> list[VerdictInfo]:
+    def verdicts(self, experiment_id: int, *, history: bool = False) -> list[VerdictInfo]:
+        """Each bar's latest verdict, by bar id (``history``: every verdict, oldest first per bar)."""
         with self._sessions() as s:
-            rows = s.scalars(sa.select(BarVerdict).where(BarVerdict.experiment_id == experiment_id).order_by(BarVerdict.bar_id))
+            rows = s.scalars(sa.select(BarVerdict).where(BarVerdict.experiment_id == experiment_id)
+                             .order_by(BarVerdict.bar_id, BarVerdict.id)).all()
+            if not history:
+                rows = list({r.bar_id: r for r in rows}.values())  # the last row of each bar wins
             return [
                 VerdictInfo(r.experiment_id, r.registration_id, r.bar_id, r.verdict, r.estimate,
                             r.lower, r.upper, r.blocks, r.judged_at, r.label, r.note, r.evidence)

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from orchestrator.plan import load_plan_file
 from orchestrator.records import RECORD_FIELDS, STATUSES, RequestRecord
 from orchestrator.store import DuplicateRequestRecords, Store, UnknownPoint
+from orchestrator.store.appendonly import maintenance
 from orchestrator.store.models import REQUEST_COLUMNS
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
@@ -89,7 +90,7 @@ def test_deleting_a_point_deletes_its_requests(db_url: str) -> None:
         point, other = _point(store), _point(store)
         store.ingest_requests(point, _records(50, seed=5))
         store.ingest_requests(other, _records(20, seed=6))
-        with store.engine.begin() as conn:
+        with store.engine.begin() as conn, maintenance(conn):  # an operator's delete (0006)
             conn.execute(sa.text("delete from load_points where id = :p"), {"p": point})
             left = conn.execute(sa.text("select point_id, count(*) from requests group by point_id")).all()
         assert [tuple(r) for r in left] == [(other, 20)]

@@ -140,7 +140,7 @@ def test_deployment_configs_are_one_row_per_distinct_arm(store: Store) -> None:
     assert tuple(row) == ("disaggregated", 1, 1, 2, "auto", "round_robin")
 
 
-def _experiment_with_everything(store: Store) -> tuple[int, int, int, int]:
+def _experiment_with_everything(store: Store, finish: bool = True) -> tuple[int, int, int, int]:
     plan = load_plan_file(QUICKSTART)
     reg = store.register_plan(plan)
     exp = store.create_experiment(reg.id)
@@ -155,9 +155,10 @@ def _experiment_with_everything(store: Store) -> tuple[int, int, int, int]:
     store.record_guards(run, None, [("output_limit", False, 0.1, 0.0, "3 of 24 wrong")])
     store.record_capacity(run, "interactive", 240.0, 4.0, 0.95, 5)
     store.record_metric_samples(run, point, [(1.5, "vllm:num_requests_running", {"pod": "w0"}, 7.0)])
-    store.finish_run(run, "done", valid=False, invalid_reason="output_limit",
-                     fingerprint={"engine_version": "v0.11.0", "image_digest": "sha256:ab", "gpu_type": "H200",
-                                  "nodes": ["node-a"], "driver": "550.90", "extra": {"x": 1}})
+    if finish:
+        store.finish_run(run, "done", valid=False, invalid_reason="output_limit",
+                         fingerprint={"engine_version": "v0.11.0", "image_digest": "sha256:ab", "gpu_type": "H200",
+                                      "nodes": ["node-a"], "driver": "550.90", "extra": {"x": 1}})
     store.record_verdict(exp, reg.id, "interactive-capacity", "INCONCLUSIVE", 1.02, 0.9, 1.2, 1)
     return reg.id, exp, run, point
 
@@ -177,8 +178,9 @@ def test_every_record_reads_back(store: Store) -> None:
     assert [(g.name, g.passed, g.point_id) for g in guards] == [("generator_lag", True, point), ("output_limit", False, None)]
     caps = store.capacities(exp)
     assert caps[["arm", "class_name", "capacity", "valid"]].values.tolist() == [["A", "interactive", 240.0, False]]
-    store.record_capacity(run, "interactive", 260.0, 4.0, 0.93, 6)  # replaced, not duplicated
-    assert store.capacities(exp)["capacity"].tolist() == [260.0]
+    with pytest.raises(StoreConflict, match="append-only"):  # a finished run's capacity stays (0006)
+        store.record_capacity(run, "interactive", 260.0, 4.0, 0.93, 6)
+    assert store.capacities(exp)["capacity"].tolist() == [240.0]
     (verdict,) = store.verdicts(exp)
     assert (verdict.bar_id, verdict.verdict, verdict.registration_id) == ("interactive-capacity", "INCONCLUSIVE", reg)
     samples = store.metric_samples(run)
@@ -189,7 +191,7 @@ def test_every_record_reads_back(store: Store) -> None:
 def test_a_capacity_keeps_its_censoring_and_a_point_its_context(store: Store) -> None:
     """Issue 17: a capacity at the generator's ceiling is a bound (censored, upper unbounded);
     issue 16: a point's context is its own column, not a key of its percentiles."""
-    reg, exp, run, point = _experiment_with_everything(store)
+    reg, exp, run, point = _experiment_with_everything(store, finish=False)  # re-recorded while running
     caps = store.capacities(exp)
     assert caps[["censored", "converged", "upper"]].values.tolist() == [[None, True, None]]
     store.record_capacity(run, "interactive", 250.0, 8.0, 0.97, 4, censored="at_ceiling", converged=True,

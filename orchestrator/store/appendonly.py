@@ -1,0 +1,92 @@
+"""Append-only measurements: the maintenance escape and a run's digest (DESIGN section 12).
+
+Migration 0006 makes requests, load points, runs, guard results, capacities, metric samples
+and verdicts refuse UPDATE and DELETE beyond what a run's lifecycle needs (see its docstring).
+Two things live here:
+
+- ``maintenance(conn)``: the one escape, for the rest of the caller's transaction only. Used by
+  ``Store.delete_experiment`` (an operator's command) and by tests that tamper on purpose;
+  nothing a run does uses it. On PostgreSQL it is ``SET LOCAL orchestrator.maintenance = 'on'``
+  and the triggers honour it only for the tables' owner (the migration role), never for the
+  runtime role; on SQLite a row in ``orch_maintenance`` that never outlives the transaction.
+- ``run_digest``: sha256 over a run's records, stored in ``runs.digest`` when it finishes and
+  recomputed by ``orch verdict --verify``. Version 1 hashes, line by line (compact JSON, floats
+  as Python's shortest repr, NULL as null): the tag ``orch-run-digest/1``; every request record
+  of the run's points, ordered by point (seq, id) then request_id, as [point seq, *the
+  RequestRecord fields]; then every capacity ordered by class, as [class, capacity, at_rate,
+  attainment, points_used, censored, converged, upper]. Database ids are left out, so the
+  digest is the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from orchestrator.records import RECORD_FIELDS
+from orchestrator.store.models import Capacity, LoadPoint, MaintenanceFlag, Request
+
+DIGEST_TAG = "orch-run-digest/1"
+CAPACITY_FIELDS = ("class_name", "capacity", "at_rate", "attainment", "points_used", "censored",
+                   "converged", "upper")
+
+
+@contextmanager
+def maintenance(conn: sa.Connection | Session) -> Iterator[None]:
+    """Let the append-only triggers pass for the rest of ``conn``'s transaction (an operator's
+    delete). PostgreSQL honours it only for the tables' owner."""
+    bind = conn.get_bind() if isinstance(conn, Session) else conn
+    if bind.dialect.name == "postgresql":
+        conn.execute(sa.text("SET LOCAL orchestrator.maintenance = 'on'"))
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SET LOCAL orchestrator.maintenance = 'off'"))
+        return
+    conn.execute(sa.insert(MaintenanceFlag).values(id=1))
+    try:
+        yield
+    finally:
+        conn.execute(sa.delete(MaintenanceFlag))
+
+
+def _canonical(values: tuple[Any, ...], kinds: tuple[type, ...]) -> bytes:
+    row = [v if v is None else kind(v) for v, kind in zip(values, kinds, strict=True)]
+    return json.dumps(row, separators=(",", ":"), allow_nan=True).encode() + b"\n"
+
+
+def _kind(column: sa.ColumnElement[Any]) -> type:
+    if isinstance(column.type, sa.Boolean):
+        return bool
+    if isinstance(column.type, sa.Float):
+        return float
+    if isinstance(column.type, sa.Integer):
+        return int
+    return str
+
+
+def run_digest(conn: sa.Connection | Session, run_id: int) -> str:
+    """sha256 (hex) of a run's request records and capacities, as defined above."""
+    req_cols = [Request.__table__.c[f] for f in RECORD_FIELDS]
+    requests = (
+        sa.select(LoadPoint.seq, *req_cols)
+        .join(LoadPoint, LoadPoint.id == Request.point_id)
+        .where(LoadPoint.run_id == run_id)
+        .order_by(LoadPoint.seq, LoadPoint.id, Request.request_id)
+    )
+    cap_cols = [Capacity.__table__.c[f] for f in CAPACITY_FIELDS]
+    capacities = sa.select(*cap_cols).where(Capacity.run_id == run_id).order_by(Capacity.class_name)
+    h = hashlib.sha256(DIGEST_TAG.encode() + b"\n")
+    kinds = (int, *(_kind(c) for c in req_cols))
+    for row in conn.execute(requests.execution_options(yield_per=5000)):
+        h.update(_canonical(tuple(row), kinds))
+    kinds = tuple(_kind(c) for c in cap_cols)
+    for row in conn.execute(capacities):
+        h.update(_canonical(tuple(row), kinds))
+    return h.hexdigest()
