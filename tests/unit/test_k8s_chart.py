@@ -161,6 +161,19 @@ def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
         render({"database": {"existingSecret": ""}})
 
 
+def test_the_owner_dsn_migrates_and_the_runtime_dsn_runs() -> None:
+    """DESIGN section 12: `orch db upgrade` (the init container) as the migration owner, every
+    other container as the runtime role."""
+    objs = render({"database": {"existingSecret": "pg", "secretKey": "runtime", "ownerSecretKey": "owner"}})
+    keys = {}
+    for role, pod in pod_specs(objs).items():
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            env = {e["name"]: e for e in c["env"]}
+            keys[(role, c["name"])] = env["ORCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"]
+    assert [k for k, v in keys.items() if v == "owner"] == [next(k for k in keys if k[1] == "db-upgrade")]
+    assert sum(v == "runtime" for v in keys.values()) == len(keys) - 1 >= 2
+
+
 def test_image_defaults_to_what_the_dockerfile_builds_from_this_checkout() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
