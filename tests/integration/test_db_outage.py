@@ -1,0 +1,149 @@
+"""PostgreSQL stopped mid-point (DESIGN 12): store calls retry within the budget, records are
+spooled to an fsynced file and written back; an outage longer than the budget aborts the run
+(exit 2 through an EnvironmentProblem) and the rerun replays the spool. Either way the count of
+request rows equals the count the generator sent (n_scheduled of every point)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator.backends.sim import SimBackend
+from orchestrator.control.executor import Executor, ExecutorConfig
+from orchestrator.control.progress import PlainProgress
+from orchestrator.errors import EnvironmentProblem
+from orchestrator.store import Store
+from orchestrator.store.retry import DatabaseOutage
+from tests.e2e.helpers import small_plan
+from tests.support import postgres
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def own_pg(monkeypatch: pytest.MonkeyPatch) -> Iterator[postgres.PrivatePostgres]:
+    """A private cluster of this test's own, so it can be stopped and started."""
+    monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
+    bindir = postgres.find_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found")
+    pg = postgres.start(bindir)
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def _pg_ctl(pg: postgres.PrivatePostgres, action: str) -> None:
+    data = str(pg.root / "data")
+    if action == "stop":
+        pg._run(str(pg.bindir / "pg_ctl"), "-D", data, "-m", "fast", "-w", "stop")
+    else:
+        opts = (f"-p {pg.port} -k {pg.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+        pg._run(str(pg.bindir / "pg_ctl"), "-D", data, "-o", opts, "-l", str(pg.root / "log"),
+                "-w", "-t", "60", "start")
+
+
+def _plan() -> Any:
+    return small_plan(name="outage", search={"rate": {"min": 1, "max": 32}, "precision": 0.25, "point_s": 6,
+                                             "warmup_s": 1, "cooldown_s": 0.5, "max_points": 2,
+                                             "use_prior": False})
+
+
+def _executor(store: Store, state: Path, budget: float) -> Executor:
+    cfg = ExecutorConfig(state_dir=state, db_retry_budget_s=budget)
+    return Executor(store, SimBackend(state / "sim"), cfg, PlainProgress())
+
+
+def _start_in_thread(ex: Executor, plan: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            result["outcome"] = ex.run(plan)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            result["error"] = e
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    return t, result
+
+
+def _stop_mid_point(pg: postgres.PrivatePostgres, url: str, t: threading.Thread) -> None:
+    """Wait until a point of the first run is open (its records streaming), then stop PG."""
+    engine = sa.create_engine(url)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert t.is_alive()
+            with engine.connect() as c:
+                n = c.execute(sa.text("select count(*) from load_points")).scalar()
+            if n:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no point opened")
+    finally:
+        engine.dispose()
+    time.sleep(2.0)  # into the point: some records stored, the rest arrive during the outage
+    _pg_ctl(pg, "stop")
+
+
+def _counts(store: Store) -> tuple[int, int]:
+    with store.engine.connect() as c:
+        sent = c.execute(sa.text("select coalesce(sum(n_scheduled), 0) from load_points")).scalar()
+        stored = c.execute(sa.text("select count(*) from requests")).scalar()
+    return int(sent or 0), int(stored or 0)
+
+
+def test_outage_within_budget_rides_through(own_pg: postgres.PrivatePostgres, tmp_path: Path) -> None:
+    url = own_pg.url(own_pg.create_database())
+    plan = _plan()
+    with Store.open(url) as store:
+        t, result = _start_in_thread(_executor(store, tmp_path / "state", budget=40.0), plan)
+        _stop_mid_point(own_pg, url, t)
+        time.sleep(8)
+        _pg_ctl(own_pg, "start")
+        t.join(150)
+        assert not t.is_alive()
+        assert "error" not in result, repr(result.get("error"))
+        out = result["outcome"]
+        assert out.complete
+        runs = store.runs(out.experiment_id)
+        assert all(r.status == "done" and r.valid for r in runs)
+        assert store.get_experiment(out.experiment_id).status == "done"
+        sent, stored = _counts(store)
+        assert sent > 0 and stored == sent
+        assert not list((tmp_path / "state" / "spool").glob("point-*.jsonl"))
+
+
+def test_outage_past_budget_aborts_then_rerun_replays(own_pg: postgres.PrivatePostgres, tmp_path: Path) -> None:
+    url = own_pg.url(own_pg.create_database())
+    plan = _plan()
+    state = tmp_path / "state"
+    with Store.open(url) as store:
+        t, result = _start_in_thread(_executor(store, state, budget=3.0), plan)
+        _stop_mid_point(own_pg, url, t)
+        t.join(60)
+        assert not t.is_alive()
+        err = result.get("error")
+        assert isinstance(err, DatabaseOutage) and isinstance(err, EnvironmentProblem), repr(err)
+        assert err.exit_code == 2 and "\n" not in str(err) and "did not answer for 3 s" in str(err)
+        assert list((state / "spool").glob("point-*.jsonl")), "records taken during the outage are spooled"
+        time.sleep(1)
+        _pg_ctl(own_pg, "start")
+        out = _executor(store, state, budget=30.0).run(plan)
+        assert out.complete and out.resumed
+        runs = store.runs(out.experiment_id)
+        assert [r.status for r in runs].count("aborted") == 1
+        assert sorted((r.block, r.arm) for r in runs if r.status == "done" and r.valid) == [(0, "A"), (0, "B")]
+        sent, stored = _counts(store)
+        assert sent > 0 and stored == sent
+        assert not list((state / "spool").glob("point-*.jsonl"))
