@@ -271,8 +271,9 @@ def submit(
     plan = load_plan_file(file)
     connect(address)
     try:
-        ctl = controller(default_url(), str(state_dir()))
-        res = ray.get(ctl.submit.remote(plan.model_dump(mode="json", by_alias=True), name))
+        url = default_url()
+        ctl = controller(url, str(state_dir()))
+        res = ray.get(ctl.submit.remote(plan.model_dump(mode="json", by_alias=True), name, url))
     finally:
         ray.shutdown()
     if "error" in res:
@@ -292,7 +293,7 @@ def cancel(
     """Cancel a queued or running experiment on the Ray controller (its records are kept)."""
     import ray
 
-    from orchestrator.control.controller import connect, controller
+    from orchestrator.control.controller import check_database, connect, controller
     from orchestrator.control.session import state_dir
     from orchestrator.store import Store
     from orchestrator.store.database import default_url
@@ -301,7 +302,10 @@ def cancel(
         exp = store.get_experiment(experiment)
     connect(address)
     try:
-        stopped = ray.get(controller(default_url(), str(state_dir())).cancel.remote(exp.id))
+        url = default_url()
+        ctl = controller(url, str(state_dir()))
+        check_database(ray.get(ctl.database.remote()), url)  # an id means nothing in another database
+        stopped = ray.get(ctl.cancel.remote(exp.id))
     finally:
         ray.shutdown()
     say(f"experiment {exp.name}: cancelled" + ("" if stopped else " (it was not running on this controller)"))

@@ -14,6 +14,8 @@ import socket
 from typing import Any
 
 import ray
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from orchestrator.errors import EnvironmentProblem
 from orchestrator.plan import Plan, plan_from_canonical, validate_plan
@@ -96,7 +98,15 @@ class Controller:
         )
         self.tasks[experiment_id] = task.remote(self.db_url, experiment_id, self.state_root)
 
-    def submit(self, plan_data: dict, name: str | None = None) -> dict[str, Any]:
+    def database(self) -> str:
+        """The database this controller stores experiments in (password hidden)."""
+        return redacted(self.db_url)
+
+    def submit(self, plan_data: dict, name: str | None = None, db_url: str | None = None) -> dict[str, Any]:
+        """Queue a plan. ``db_url``: the submitter's database; another one than this
+        controller's is refused (its experiment would land where the submitter never looks)."""
+        if db_url is not None and not same_database(db_url, self.db_url):
+            return {"error": other_database(self.db_url, db_url)}
         plan = validate_plan(plan_data)
         total = ray.cluster_resources()
         short = {k: v for k, v in gpu_demand(plan).items() if total.get(k, 0.0) < v}
@@ -148,6 +158,38 @@ class Controller:
         skip = {"CPU", "GPU", "memory", "object_store_memory"}
         return {k: {"total": v, "free": free.get(k, 0.0)} for k, v in total.items()
                 if k not in skip and not k.startswith("node:") and not k.startswith("accelerator_type")}
+
+
+def _identity(url: str) -> tuple[Any, ...]:
+    u = make_url(url)
+    return (u.get_backend_name(), u.host, u.port, u.database, u.username)
+
+
+def same_database(a: str, b: str) -> bool:
+    """The same database, whatever the driver spelling or the password."""
+    try:
+        return _identity(a) == _identity(b)
+    except ArgumentError:
+        return a == b
+
+
+def redacted(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def other_database(served: str, wanted: str) -> str:
+    return (f"the cluster's controller stores experiments in {redacted(served)}, not in {redacted(wanted)} "
+            "(ORCH_DATABASE_URL here): use that database, or stop the controller (`ray stop` on the head, "
+            "or kill the detached actor orchestrator-controller) so the next submit starts one for yours")
+
+
+def check_database(served: str, wanted: str) -> None:
+    """EnvironmentProblem unless the controller's database is the one this command uses."""
+    if not same_database(served, wanted):
+        raise EnvironmentProblem(other_database(served, wanted))
 
 
 def connect(address: str | None) -> None:

@@ -139,3 +139,19 @@ def test_take_over_after_owner_killed_resumes(tmp_path: Path) -> None:
     exp = store.get_experiment(exp_id)
     assert exp.status == "done" and exp.controller_id != f"{killed.id}" and f":{first.pid}" not in exp.controller_id
     store.close()
+
+
+def test_controller_refuses_another_database() -> None:
+    """Issue 18 item 7: the detached Ray controller keeps the first submitter's database; a
+    submit (or cancel) for another database is refused instead of landing there."""
+    from orchestrator.control.controller import check_database, same_database
+    from orchestrator.errors import EnvironmentProblem
+
+    served = "postgresql+psycopg://orch:secret@db:5432/orch"
+    assert same_database(served, "postgresql://orch:other@db:5432/orch")
+    assert not same_database(served, "postgresql+psycopg://orch@db:5432/other")
+    assert not same_database(served, "sqlite:////tmp/orch.sqlite")
+    check_database(served, "postgresql://orch@db:5432/orch")
+    with pytest.raises(EnvironmentProblem, match=r"stores experiments in .*db:5432/orch, not in sqlite") as e:
+        check_database(served, "sqlite:////tmp/orch.sqlite")
+    assert "secret" not in str(e.value)
