@@ -33,6 +33,20 @@ from orchestrator.records import RECORD_FIELDS
 from orchestrator.store.models import Capacity, LoadPoint, MaintenanceFlag, Request
 
 DIGEST_TAG = "orch-run-digest/1"
+# What the runtime role (the controller, experiments) may write on PostgreSQL; the migration
+# owner owns every table and runs `orch db upgrade`. INSERT everywhere it records, UPDATE only
+# of the columns a run's lifecycle sets, DELETE only of the derived summaries.
+RUNTIME_INSERT = ("plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
+                  "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries")
+RUNTIME_UPDATE = {
+    "experiments": ("status", "controller_id", "started_at", "finished_at"),
+    "runs": ("status", "valid", "invalid_reason", "engine_version", "image_digest", "gpu_type", "nodes",
+             "driver", "fingerprint", "finished_at", "digest"),
+    "load_points": ("achieved_rate", "throughput_tok_s", "per_class", "percentiles", "context", "valid"),
+    "capacities": ("capacity", "at_rate", "attainment", "points_used", "censored", "converged", "upper",
+                   "config_id", "counted", "measured_at"),
+    "capacity_summaries": ("runs", "median", "p25", "p75", "min", "max", "last_measured"),
+}
 CAPACITY_FIELDS = ("class_name", "capacity", "at_rate", "attainment", "points_used", "censored",
                    "converged", "upper")
 
@@ -44,16 +58,26 @@ def maintenance(conn: sa.Connection | Session) -> Iterator[None]:
     bind = conn.get_bind() if isinstance(conn, Session) else conn
     if bind.dialect.name == "postgresql":
         conn.execute(sa.text("SET LOCAL orchestrator.maintenance = 'on'"))
-        try:
-            yield
-        finally:
-            conn.execute(sa.text("SET LOCAL orchestrator.maintenance = 'off'"))
+        yield  # an error aborts the transaction, and the setting with it
+        conn.execute(sa.text("SET LOCAL orchestrator.maintenance = 'off'"))
         return
     conn.execute(sa.insert(MaintenanceFlag).values(id=1))
     try:
         yield
     finally:
         conn.execute(sa.delete(MaintenanceFlag))
+
+
+def runtime_grants(role: str, schema: str = "public") -> list[str]:
+    """The GRANT statements that give ``role`` what a runtime needs and no more (README "What is
+    guaranteed"); the migration owner runs them after `orch db upgrade`."""
+    out = [f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+           f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}",
+           f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+           f"GRANT INSERT ON {', '.join(RUNTIME_INSERT)} TO {role}"]
+    out += [f"GRANT UPDATE ({', '.join(cols)}) ON {table} TO {role}" for table, cols in RUNTIME_UPDATE.items()]
+    out.append(f"GRANT DELETE ON capacity_summaries TO {role}")
+    return out
 
 
 def _canonical(values: tuple[Any, ...], kinds: tuple[type, ...]) -> bytes:

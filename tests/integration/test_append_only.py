@@ -6,6 +6,7 @@ catches records changed after it finished (`orch verdict --verify` exits 6)."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from orchestrator.cli.main import main
 from orchestrator.plan import load_plan_file
 from orchestrator.records import RequestRecord
 from orchestrator.store import Store, StoreConflict
-from orchestrator.store.appendonly import maintenance
+from orchestrator.store.appendonly import maintenance, runtime_grants
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -180,3 +181,40 @@ def test_orch_verdict_verify_exits_6_with_one_line_per_changed_run(
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"run {run} (block 0, arm A, attempt 0): records changed")
     assert orch("verdict", name).returncode == 0  # without --verify: not checked
+
+
+def test_the_runtime_role_records_a_run_with_its_grants_and_cannot_edit_or_escape(pg_url: str) -> None:
+    """PostgreSQL: a role given exactly `runtime_grants` (README "What is guaranteed") records a
+    whole run, cannot edit, delete or disable a trigger, and the maintenance escape is refused to
+    it even where it was granted DELETE (the triggers honour the escape only for the owner)."""
+    role = f"orch_rt_{uuid.uuid4().hex[:8]}"
+    owner = Store.open(pg_url)
+    with owner.engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN"))
+        for grant in runtime_grants(role):
+            conn.execute(sa.text(grant))
+    runtime_url = sa.make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)
+    try:
+        with Store.open(runtime_url) as rt:
+            exp, run, _ = _experiment(rt)
+            rt.set_experiment_status(exp, "running")
+            rt.set_experiment_status(exp, "done")
+            assert [c.changed for c in rt.verify_digests(exp)] == [False]
+            for sql in ("update bar_verdicts set verdict = 'ACCEPT'", "delete from requests",
+                        "update runs set valid = false", "alter table requests disable trigger all",
+                        "drop trigger runs_forward_only on runs"):
+                with pytest.raises(sa.exc.DBAPIError), rt.engine.begin() as conn:
+                    conn.execute(sa.text(sql))
+            with pytest.raises(sa.exc.DBAPIError):
+                rt.delete_experiment(exp)
+            with owner.engine.begin() as conn:
+                conn.execute(sa.text(f"GRANT DELETE ON bar_verdicts TO {role}"))
+            with pytest.raises(sa.exc.DBAPIError, match="append-only"), rt.engine.begin() as conn, maintenance(conn):
+                conn.execute(sa.text("delete from bar_verdicts"))
+        owner.delete_experiment(exp)  # the owner's escape works
+        assert owner.list_experiments() == []
+    finally:
+        with owner.engine.begin() as conn:
+            conn.execute(sa.text(f"DROP OWNED BY {role}"))
+            conn.execute(sa.text(f"DROP ROLE {role}"))
+        owner.close()
