@@ -218,3 +218,10 @@ def test_the_runtime_role_records_a_run_with_its_grants_and_cannot_edit_or_escap
             conn.execute(sa.text(f"DROP OWNED BY {role}"))
             conn.execute(sa.text(f"DROP ROLE {role}"))
         owner.close()
+
+
+def test_the_readme_grants_are_the_tested_ones() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## What is guaranteed", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
+    statements = [" ".join(s.split("--")[0].split()) for s in block.replace("\n", " ").split(";")]
+    assert [s for s in statements if s] == runtime_grants("orch_runtime")
