@@ -93,6 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write(f"error: {e}\n")
         code = e.exit_code
+    except OSError as e:  # a path the user gave (--out under a file, /proc) or a broken pipe
+        if debug:
+            raise
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        sys.stderr.write(f"error: {where}{e.strerror or e}\n")
+        # A connection that fails is the environment's problem; a path that cannot be written, the user's.
+        code = 2 if isinstance(e, ConnectionError | TimeoutError) else 1
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         code = 130

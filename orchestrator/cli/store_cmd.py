@@ -59,7 +59,8 @@ def capacity(
     layout: str | None = typer.Option(None, "--layout", help="colocated, disaggregated, or external "
                                       "(external arms without a layout label)."),
     service_class: str | None = typer.Option(None, "--class", help="Service class, e.g. interactive."),
-    since: float | None = typer.Option(None, "--since", min=0, help="Only runs of the last DAYS days."),
+    since: float | None = typer.Option(None, "--since", min=0, max=36500,
+                                        help="Only runs of the last DAYS days (at most 36500)."),
     kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", help="Engine max_num_seqs."),
     tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel size (decode TP if disaggregated)."),

@@ -68,8 +68,11 @@ def render_report(store, experiment: int | str, out_dir: str | Path) -> WrittenR
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_experiment(store, experiment)
+    data = load_experiment(store, experiment)  # before anything is created: no such experiment, no folder
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out: cannot create {out}: {e.strerror or e}") from None
     doc = report_document(data)
     images = _figures(data, out)
     plan_doc = data.plan.model_dump(mode="json", by_alias=True)

@@ -7,8 +7,11 @@ directory, created and migrated on first use.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -52,9 +55,9 @@ def _normalise(url: str) -> str:
 def _on_sqlite_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
     # SQLite ignores foreign keys (and so ON DELETE CASCADE) unless asked, per connection.
     cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=10000")  # first: switching to WAL waits for other openers
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
 
 
@@ -65,6 +68,15 @@ def create_engine(url: str) -> sa.Engine:
         parsed = make_url(url)
     except ArgumentError as e:
         raise UserError(f"database URL {url!r} is not a valid SQLAlchemy URL: {e}") from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise UserError(
+            f"database {parsed.get_backend_name()!r} is not supported: use postgresql:// or sqlite:///"
+        )
+    driver = parsed.drivername.partition("+")[2] or parsed.get_driver_name()
+    if parsed.get_backend_name() == "sqlite" and driver != "pysqlite":
+        raise UserError(f"database driver sqlite+{driver} is not supported: use sqlite:///PATH")
+    if parsed.get_backend_name() == "postgresql" and driver not in ("psycopg", "psycopg2"):
+        raise UserError(f"database driver postgresql+{driver} is not supported: use postgresql://")
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if db and db != ":memory:" and not db.startswith("file:"):
@@ -84,8 +96,8 @@ def create_engine(url: str) -> sa.Engine:
         )
     try:
         return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
-    except NoSuchModuleError as e:
-        raise UserError(f"database URL {url!r}: {e}") from None
+    except (NoSuchModuleError, ImportError) as e:
+        raise UserError(f"database URL {parsed.render_as_string(hide_password=True)!r}: {e}") from None
 
 
 def check_reachable(engine: sa.Engine) -> None:
@@ -132,8 +144,34 @@ def current_revision(engine: sa.Engine) -> str | None:
 
 
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:
-    """Migrate the database to ``revision`` (default: head)."""
-    command.upgrade(alembic_config(engine), revision)
+    """Migrate the database to ``revision`` (default: head).
+
+    A SQLite file is migrated under an exclusive lock on a file beside it, so processes that
+    open a new database at once (six `orch status` on first use) migrate it one after another:
+    the first migrates, the rest find it at the revision already (alembic then does nothing).
+    PostgreSQL migrations run in one transaction with its own locks."""
+    with _sqlite_migration_lock(engine):
+        command.upgrade(alembic_config(engine), revision)
+
+
+@contextlib.contextmanager
+def _sqlite_migration_lock(engine: sa.Engine) -> Iterator[None]:
+    db = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not db or db == ":memory:" or db.startswith("file:"):
+        yield
+        return
+    lock_path = Path(db).expanduser().with_name(Path(db).name + ".migrate.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise EnvironmentProblem(
+            f"cannot create the migration lock {lock_path}: {e.strerror}; set {ENV_VAR} to a writable location"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for another process's migration to finish
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:

@@ -280,7 +280,8 @@ class Store:
         """By id or by name."""
         with self._sessions() as s:
             row = s.scalar(sa.select(Experiment).where(Experiment.name == str(key)))
-            if row is None and (isinstance(key, int) or str(key).isdigit()):
+            # An id fits a 64-bit integer; a longer run of digits is a name that is not there.
+            if row is None and (isinstance(key, int) or str(key).isdigit()) and 0 <= int(key) < 2**63:
                 row = s.get(Experiment, int(key))
             if row is None:
                 raise NotFound(f"no experiment {key!r} (`orch status` lists them)")
