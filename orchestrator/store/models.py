@@ -2,9 +2,11 @@
 
 The migrations in ``migrations/versions`` create the same tables without importing this module
 (a revision must keep meaning what it meant when it was released); a test checks that the two
-agree. Deleting an experiment removes its runs, points, requests, guard results, capacities,
-metric samples and verdicts (ON DELETE CASCADE; requests by trigger): no orphans. Registrations and deployment
-configurations are shared history and are never deleted through an experiment.
+agree. Measurements are append-only (migration 0006: triggers; orchestrator.store.appendonly).
+Deleting an experiment (an operator's command, through the maintenance escape) removes its runs,
+points, requests, guard results, capacities, metric samples and verdicts (ON DELETE CASCADE;
+requests by trigger): no orphans. Registrations and deployment configurations are shared
+history and are never deleted through an experiment.
 """
 
 from __future__ import annotations
