@@ -63,7 +63,8 @@ def _env(tmp_path: Path, db: str) -> dict[str, str]:
 
 
 def _plan_file(tmp_path: Path, name: str) -> Path:
-    plan = dict(BASE, name=name, design={"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1})
+    plan = dict(BASE, name=name, design={"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1},
+                search={**BASE["search"], "max_points": 2})
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     return path
@@ -87,9 +88,11 @@ def _wait_running(db: str, proc: subprocess.Popen[bytes], log: Path, points: int
     pytest.fail("the first run never started a run")
 
 
-def test_second_run_refused_while_first_completes_untouched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_second_run_refused_while_first_completes_untouched(tmp_path: Path, database: str,
+                                                            request: pytest.FixtureRequest) -> None:
     plan_file = _plan_file(tmp_path, "own-concurrent")
-    db = f"sqlite:///{tmp_path / 'orch.sqlite'}"
+    db = f"sqlite:///{tmp_path / 'orch.sqlite'}" if database == "sqlite" else request.getfixturevalue("pg_url")
     env = _env(tmp_path, db)
     cmd = [sys.executable, "-m", "orchestrator.cli.main", "run", str(plan_file), "--json"]
     log = tmp_path / "first.log"
