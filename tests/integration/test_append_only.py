@@ -225,3 +225,21 @@ def test_the_readme_grants_are_the_tested_ones() -> None:
     block = text.split("## What is guaranteed", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
     statements = [" ".join(s.split("--")[0].split()) for s in block.replace("\n", " ").split(";")]
     assert [s for s in statements if s] == runtime_grants("orch_runtime")
+
+
+def test_0006_down_keeps_the_latest_verdict_and_up_again_restores_the_triggers(db_url: str) -> None:
+    from orchestrator.store.database import downgrade, upgrade
+
+    with Store.open(db_url) as store:
+        exp, _, _ = _experiment(store)
+        reg = store.get_experiment(exp).registration_id
+        bar = store.verdicts(exp)[0].bar_id
+        store.record_verdict(exp, reg, bar, "ACCEPT", 0.1, 0.05, 0.2, 4)
+        downgrade(store.engine, "0005")
+        with store.engine.begin() as conn:  # no trigger at 0005
+            rows = conn.execute(sa.text("select verdict from bar_verdicts")).scalars().all()
+            conn.execute(sa.text("update runs set valid = false"))
+        assert rows == ["ACCEPT"]
+        upgrade(store.engine)
+        _refused(store, "update bar_verdicts set verdict = 'REJECT'")
+        _refused(store, "update runs set valid = true")
