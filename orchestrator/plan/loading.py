@@ -74,8 +74,9 @@ def _parse(text: str) -> tuple[Any, yaml.Node | None]:
     """The YAML document's data and its node tree; every failure is one PlanError."""
     if len(text) > MAX_PLAN_BYTES:
         raise PlanError([Problem("", f"the plan is larger than {MAX_PLAN_BYTES} characters; a plan is a page of YAML")])
-    loader = _PlanLoader(text)
+    loader: _PlanLoader | None = None
     try:
+        loader = _PlanLoader(text)  # the reader refuses control characters here
         root = loader.get_single_node()
         if root is not None:
             dupes = _duplicate_keys(root)
@@ -91,7 +92,8 @@ def _parse(text: str) -> tuple[Any, yaml.Node | None]:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PlanError([Problem("", f"YAML value cannot be read: {msg[:200]}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, root
 
 
