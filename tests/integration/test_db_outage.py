@@ -147,3 +147,73 @@ def test_outage_past_budget_aborts_then_rerun_replays(own_pg: postgres.PrivatePo
         sent, stored = _counts(store)
         assert sent > 0 and stored == sent
         assert not list((state / "spool").glob("point-*.jsonl"))
+
+
+class _Down:
+    """A store whose every ingest fails as an unreachable database does."""
+
+    def ingest_requests(self, point_id: int, records: Any) -> int:
+        raise sa.exc.OperationalError("INSERT", {}, Exception("connection refused"))
+
+
+def _records(n: int) -> list[Any]:
+    from orchestrator.records import RequestRecord
+
+    return [RequestRecord(request_id=i, conversation_id=i, turn=0, phase="measure", scheduled_s=float(i))
+            for i in range(n)]
+
+
+def test_replay_writes_this_experiments_spool_only(sqlite_url: str, tmp_path: Path) -> None:
+    """What a dead process spooled (fsynced, one line per batch) is written back by the resume
+    of its experiment, and only of its experiment."""
+    from orchestrator.control.spool import SpoolingSink, replay, spooled_points
+
+    plan = small_plan(name="spool-scope")
+    spool = tmp_path / "spool"
+    with Store.open(sqlite_url) as store:
+        reg = store.register_plan(plan)
+        config = store.deployment_config(plan, "A")
+        points = []
+        for _ in range(2):
+            exp = store.create_experiment(reg.id)
+            run = store.start_run(exp, "A", 0, 0, 0, config)
+            points.append(store.record_point(run, seq=0, window_start_s=0, window_end_s=1, n_scheduled=5))
+        for pid in points:
+            sink = SpoolingSink(_Down(), pid, spool)
+            sink(_records(3))
+            sink(_records(5)[3:])
+            assert sink.spooled_batches == 2 and sink.pending
+        assert spooled_points(spool) == sorted(points)
+        assert replay(store, spool, {points[0]}) == 5
+        assert len(store.requests(points[0])) == 5 and store.requests(points[1]) == []
+        assert spooled_points(spool) == [points[1]]
+        assert replay(store, spool, {points[0], points[1]}) == 5
+        assert spooled_points(spool) == []
+
+
+def test_retrying_rides_through_then_gives_up() -> None:
+    from orchestrator.store.retry import retrying
+
+    calls = {"n": 0}
+
+    def flaky() -> str:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise sa.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+        return "ok"
+
+    assert retrying(flaky, "test", budget=5.0, sleep=lambda s: None) == "ok" and calls["n"] == 3
+
+    def down() -> None:
+        raise sa.exc.OperationalError("SELECT 1", {}, Exception("connection refused\nDETAIL: more"))
+
+    with pytest.raises(DatabaseOutage, match=r"did not answer for 0 s \(finish_point: OperationalError: "
+                                             r"connection refused\)") as e:
+        retrying(down, "finish_point", budget=0.0)
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+
+    def bug() -> None:
+        raise ValueError("not an outage")
+
+    with pytest.raises(ValueError):
+        retrying(bug, "x", budget=60.0)
