@@ -279,10 +279,12 @@ class Executor:
             self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({_count(points)} points)")
             return RunSummary(run_id, block, arm, attempt, True, None, caps, _count(points))
         except DatabaseOutage as e:
-            # One try, no retry budget: if the database is back, the run says why it ended;
-            # if not, the resume marks it aborted. The spool keeps the records either way.
+            # One try, no retry budget: if the database is back, the run's spooled records are
+            # written first (its digest covers them), then the run says why it ended; if not,
+            # the resume replays the spool and then marks the run aborted.
             try:
                 inner = getattr(self.store, "inner", self.store)
+                replay(inner, self.config.state_dir / "spool", {int(i) for i in inner.points(run_id)["id"]})
                 inner.finish_run(run_id, "aborted", False, f"database outage: {e}", record())
             except Exception as again:  # noqa: BLE001 - still down: nothing more to do here
                 self.progress.note(f"could not store the abort ({first_line(again)})")

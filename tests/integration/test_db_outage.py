@@ -217,3 +217,43 @@ def test_retrying_rides_through_then_gives_up() -> None:
 
     with pytest.raises(ValueError):
         retrying(bug, "x", budget=60.0)
+
+
+class _BackAtTheEnd(Store):
+    """The database is 'down' for request batches until the point's finish is first tried, and
+    the finish itself fails until the budget is spent: the database is back just as the run
+    is aborted."""
+
+    down = True
+
+    def ingest_requests(self, point_id: int, records: Any) -> int:
+        if _BackAtTheEnd.down:
+            raise sa.exc.OperationalError("COPY", {}, Exception("connection refused"))
+        return super().ingest_requests(point_id, records)
+
+    def finish_point(self, point_id: int, **kwargs: Any) -> None:
+        _BackAtTheEnd.down = False
+        raise sa.exc.OperationalError("UPDATE", {}, Exception("connection refused"))
+
+
+def test_abort_writes_the_runs_spool_before_storing_the_abort(sqlite_url: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the database answers again just as the budget runs out, the run's spooled records
+    are written before the run is stored aborted (its digest then covers all of them)."""
+    monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
+    _BackAtTheEnd.down = True
+    state = tmp_path / "state"
+    with Store.open(sqlite_url):
+        pass  # migrated
+    store = _BackAtTheEnd(Store.open(sqlite_url).engine)
+    try:
+        with pytest.raises(DatabaseOutage):
+            _executor(store, state, budget=0.3).run(_plan())
+        runs = store.runs(store.list_experiments()[0].id)
+        assert len(runs) == 1 and runs[0].status == "aborted"
+        assert "database outage" in (runs[0].invalid_reason or "")
+        sent, stored = _counts(store)
+        assert sent > 0 and stored == sent
+        assert not list((state / "spool").glob("point-*.jsonl"))
+    finally:
+        store.close()
