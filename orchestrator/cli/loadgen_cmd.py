@@ -13,14 +13,14 @@ from orchestrator.errors import UserError
 
 @loadgen_app.command("calibrate")
 def calibrate_cmd(
-    output_tokens: int = typer.Option(256, "--output-tokens", min=1, help="Streamed reply length."),
-    prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=1, help="Prompt length (words)."),
-    tokens_per_chunk: int = typer.Option(1, "--tokens-per-chunk", min=1, help="Words per SSE chunk."),
+    output_tokens: int = typer.Option(256, "--output-tokens", min=1, max=1_000_000, help="Streamed reply length."),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=1, max=1_000_000, help="Prompt length (words)."),
+    tokens_per_chunk: int = typer.Option(1, "--tokens-per-chunk", min=1, max=100_000, help="Words per SSE chunk."),
     api: str = typer.Option("completions", "--api", help="completions or chat."),
     client: str = typer.Option("aiohttp", "--client", help="aiohttp or httpx."),
-    step_s: float = typer.Option(3.0, "--step-s", min=0.5, help="Seconds per rate step."),
-    start_rate: float = typer.Option(25.0, "--start-rate", min=0.1, help="First rate tried (req/s)."),
-    max_lag_ms: float = typer.Option(1.0, "--max-lag-ms", min=0.0001, help="p99 send-lag bound."),
+    step_s: float = typer.Option(3.0, "--step-s", min=0.5, max=3600, help="Seconds per rate step."),
+    start_rate: float = typer.Option(25.0, "--start-rate", min=0.1, max=1_000_000, help="First rate tried (req/s)."),
+    max_lag_ms: float = typer.Option(1.0, "--max-lag-ms", min=0.0001, max=60_000, help="p99 send-lag bound."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Drive a null server on loopback (started here) and report the highest request rate and

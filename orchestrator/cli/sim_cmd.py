@@ -43,11 +43,11 @@ def serve(
     model: str = typer.Option(None, "--model", help="Catalog model (e.g. qwen3-8b)."),
     gpu_name: str = typer.Option(None, "--gpu", help="GPU type: H100-PCIe, H100-SXM, H200."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
-    port: int = typer.Option(8000, "--port", help="Port; 0 picks a free one."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port; 0 picks a free one."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     role: str = typer.Option("both", "--role", help="both | prefill | decode."),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs"),
-    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens"),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, max=65536),
+    max_num_batched_tokens: int = typer.Option(8192, "--max-num-batched-tokens", min=16, max=4_194_304),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | fp8."),
     no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching"),
     served_model_name: str = typer.Option(None, "--served-model-name", help="Default: the model's hf_id."),
@@ -129,7 +129,7 @@ async def _serve(config: ServeConfig, host: str, port: int) -> None:
 def simulate(
     plan_file: Path = typer.Argument(..., help="Plan file (YAML)."),
     as_json: bool = JSON_OPTION,
-    replications: int = typer.Option(200, "--replications", min=1, help="Simulated designs for the power."),
+    replications: int = typer.Option(200, "--replications", min=1, max=100_000, help="Simulated designs for the power."),
     seed: int = typer.Option(None, "--seed", help="Seed of the dry run (default: the plan's design seed)."),
 ) -> None:
     """Dry run in virtual time: predicted capacity per arm and class, verdicts, power, GPU-hours."""

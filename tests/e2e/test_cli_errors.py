@@ -68,7 +68,10 @@ def test_report_and_export_create_nothing_for_an_unknown_experiment(sqlite_url: 
 
 def test_out_of_range_numbers(sqlite_url: str) -> None:
     for args in (("capacity", "--since", "1e308"), ("capacity", "--since", "inf"),
-                 ("status", "99999999999999999999999"), ("verdict", "99999999999999999999999")):
+                 ("status", "99999999999999999999999"), ("verdict", "99999999999999999999999"),
+                 ("sim", "serve", "--model", "qwen3-8b", "--gpu", "H200", "--port", "99999999"),
+                 ("loadgen", "calibrate", "--step-s", "1e308"),
+                 ("run", "examples/quickstart.yaml", "--blocks", "99999999999999999999")):
         r = orch(*args, url=sqlite_url)
         assert_one_line(r)
 
