@@ -119,8 +119,12 @@ def test_external_ab_between_two_sim_servers_runs_to_a_verdict(tmp_path: Path, t
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     (v,) = doc["verdicts"]
-    assert v["verdict"] == "ACCEPT", (v, r.stderr[-3000:])
-    assert v["blocks"] == 4 and v["lower"] > 1.05
+    # H200 against H100 PCIe holds ~1.3x here. The skew-robust bound over four short blocks of
+    # a real-time run (block ratios spread ~20%) may not decide it: ACCEPT or INCONCLUSIVE,
+    # never REJECT, and the estimate on the right side of the bar.
+    assert v["verdict"] in ("ACCEPT", "INCONCLUSIVE"), (v, r.stderr[-3000:])
+    assert v["blocks"] == 4 and v["estimate"] > 1.05, v
+    assert v["verdict"] != "ACCEPT" or v["lower"] > 1.05
     name = doc["experiment"]["name"]
 
     # Every run valid, back to back, fingerprinted from the servers themselves.
@@ -129,7 +133,7 @@ def test_external_ab_between_two_sim_servers_runs_to_a_verdict(tmp_path: Path, t
     assert sum(1 for run in runs if run["valid"]) == 8, runs
 
     gate = orch("verdict", name, "--gate", "--json", env=env)
-    assert gate.returncode == 0, gate.stdout
+    assert gate.returncode == {"ACCEPT": 0, "INCONCLUSIVE": 4}[v["verdict"]] == doc["gate_exit_code"], gate.stdout
 
     # History finds each stack by its labels.
     for gpu, stack in (("H200", "candidate"), ("H100-PCIe", "today")):
