@@ -135,9 +135,10 @@ def test_external_ab_between_two_sim_servers_runs_to_a_verdict(tmp_path: Path, t
     gate = orch("verdict", name, "--gate", "--json", env=env)
     assert gate.returncode == {"ACCEPT": 0, "INCONCLUSIVE": 4}[v["verdict"]] == doc["gate_exit_code"], gate.stdout
 
-    # History finds each stack by its labels.
+    # History finds each stack by its labels (its converged, uncensored capacities: a search that
+    # ran out of points is a bound, not a point in a history median).
     for gpu, stack in (("H200", "candidate"), ("H100-PCIe", "today")):
         cap = orch("capacity", "--model", "qwen3-8b", "--gpu", gpu, "--layout", "colocated", "--json", env=env)
         assert cap.returncode == 0, cap.stderr
         (row,) = json.loads(cap.stdout)["rows"]
-        assert "external" in row["label"] and f"stack={stack}" in row["label"] and row["runs"] == 4, row
+        assert "external" in row["label"] and f"stack={stack}" in row["label"] and 1 <= row["runs"] <= 4, row

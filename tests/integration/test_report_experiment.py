@@ -24,7 +24,7 @@ import yaml
 from orchestrator.report import llmd_schema as br
 from orchestrator.report import render_report, write_report
 from orchestrator.store import Store
-from tests.e2e.helpers import ROOT, run_in_process, small_plan
+from tests.e2e.helpers import BASE, ROOT, run_in_process, small_plan
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -54,6 +54,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
     plan = small_plan(
         name="report-e2e", arms=arms, hypothesis="two replicas beat one <by far> & more",
         design={"blocks": 2, "order": "ABBA", "seed": 4, "max_retries": 1},
+        # Enough points for the searches to converge: history counts point estimates only.
+        search={**BASE["search"], "max_points": 8},
         bars=[{"id": "standard-capacity", "metric": "capacity", "class": "standard",
                "at_least": 1.3, "confidence": 0.9}],
     )
