@@ -26,7 +26,9 @@ from orchestrator.report import render_report, write_report
 from orchestrator.store import Store
 from tests.e2e.helpers import BASE, ROOT, run_in_process, small_plan
 
-pytestmark = pytest.mark.timeout(600)
+# One worker builds the module's experiment once (under pytest-xdist a module split over two
+# workers would run it twice).
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("report-experiment")]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAILED_GUARD = ("generator_lag", False, 87.5, 50.0, "p99 send lag 87.5 ms over the 50 ms bound")
