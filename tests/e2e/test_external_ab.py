@@ -99,7 +99,7 @@ def ab_plan(urls: dict[str, str]) -> dict:
                      "output_tokens": 32},
         "classes": ["standard"],
         "search": {"rate": {"min": 1, "max": 32}, "precision": 0.1, "point_s": 3, "warmup_s": 1,
-                   "cooldown_s": 0.5, "max_points": 6, "use_prior": False},
+                   "cooldown_s": 0.5, "max_points": 10, "use_prior": False},
         # Four blocks: ABBA balanced, and the skew-robust bound's critical value at three blocks
         # (4.3 at 90%) leaves a 1.3x win INCONCLUSIVE when sim blocks spread ~10%.
         "design": {"blocks": 4, "order": "ABBA", "seed": 1},
