@@ -9,7 +9,7 @@ per-row check would take, at a fraction of the cost: migration 0004).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -60,12 +60,18 @@ def record_rows(point_id: int, records: Iterable[RequestRecord]) -> Iterator[tup
         yield (point_id, *_fields_of(rec))
 
 
-def ingest_requests(engine: sa.Engine, point_id: int, records: Iterable[RequestRecord]) -> int:
+# Called with the batch's connection, inside its transaction, before any row is written: the
+# experiment lease's fencing check (store/lease.py) raises there and nothing of the batch commits.
+Fence = Callable[[sa.Connection], None]
+
+
+def ingest_requests(engine: sa.Engine, point_id: int, records: Iterable[RequestRecord],
+                    fence: Fence | None = None) -> int:
     """Append one batch of a point's records; returns how many were stored."""
     try:
         if engine.dialect.name == "postgresql":
-            return _copy(engine, point_id, record_rows(point_id, records))
-        return _executemany(engine, point_id, record_rows(point_id, records))
+            return _copy(engine, point_id, record_rows(point_id, records), fence)
+        return _executemany(engine, point_id, record_rows(point_id, records), fence)
     except IntegrityError as e:
         raise _duplicate(point_id, e) from None
     except Exception as e:  # psycopg's own errors come straight from COPY, unwrapped
@@ -86,9 +92,11 @@ def _unknown(point_id: int) -> UnknownPoint:
     return UnknownPoint(f"cannot store request records of point {point_id}: no such load point")
 
 
-def _copy(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]]) -> int:
+def _copy(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]], fence: Fence | None) -> int:
     n = 0
     with engine.begin() as conn:
+        if fence is not None:
+            fence(conn)
         dbapi = conn.connection.driver_connection
         assert dbapi is not None  # an open connection has its driver's (psycopg) connection
         with dbapi.cursor() as cur:
@@ -105,11 +113,13 @@ def _copy(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]]) -> 
     return n
 
 
-def _executemany(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]]) -> int:
+def _executemany(engine: sa.Engine, point_id: int, rows: Iterator[tuple[Any, ...]], fence: Fence | None) -> int:
     placeholders = ", ".join("?" for _ in REQUEST_COLUMNS)
     sql = f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({placeholders})"
     n = 0
     with engine.begin() as conn:
+        if fence is not None:
+            fence(conn)
         dbapi = conn.connection.driver_connection
         assert dbapi is not None  # an open connection has its driver's (sqlite3) connection
         cur = dbapi.cursor()

@@ -169,12 +169,19 @@ class ExperimentLease:
         cls = store_type or type(self.store)
         fenced = cls(self.engine)
         sa.event.listen(fenced._sessions, "before_flush", self._check)
+        fenced.fence = self.check_owner  # request batches bypass the ORM session: fenced apart
         return fenced
 
     def _check(self, session: Session, _ctx: object, _instances: object) -> None:
+        self.check_owner(session.connection())
+
+    def check_owner(self, conn: sa.Connection) -> None:
+        """Raise :class:`LeaseLost` unless this session owns the experiment; on PostgreSQL the
+        experiment row stays share-locked until ``conn``'s transaction ends, so a take-over
+        waits for the write in flight."""
         stmt = sa.select(Experiment.controller_id).where(Experiment.id == self.experiment_id)
         if self.engine.dialect.name == "postgresql":
             stmt = stmt.with_for_update(read=True)
-        owner = session.connection().execute(stmt).scalar()
+        owner = conn.execute(stmt).scalar()
         if owner != self.session:
             raise self._lost(owner)

@@ -22,7 +22,7 @@ from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_ha
 from orchestrator.records import RequestRecord
 from orchestrator.store import database, history, summaries
 from orchestrator.store.appendonly import maintenance, run_digest
-from orchestrator.store.ingest import fetch_requests, ingest_requests
+from orchestrator.store.ingest import Fence, fetch_requests, ingest_requests
 from orchestrator.store.models import (
     BarVerdict,
     Capacity,
@@ -144,6 +144,9 @@ def _run(row: Run) -> RunInfo:
 
 class Store:
     """Plans, experiments, runs, points, requests, guards, capacities, verdicts; history."""
+
+    # Checked inside every request batch's transaction when set (the lease's fencing, store/lease.py).
+    fence: Fence | None = None
 
     def __init__(self, engine: sa.Engine):
         self.engine = engine
@@ -471,7 +474,7 @@ class Store:
 
     def ingest_requests(self, point_id: int, records: Iterable[RequestRecord]) -> int:
         """Append a batch of a point's request records (COPY on PostgreSQL). Returns the count."""
-        return ingest_requests(self.engine, point_id, records)
+        return ingest_requests(self.engine, point_id, records, self.fence)
 
     def requests(self, point_id: int) -> list[RequestRecord]:
         """A point's request records, as they were ingested."""

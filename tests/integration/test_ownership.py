@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.records import RequestRecord
 from orchestrator.store import Store
 from orchestrator.store.lease import ExperimentLease, LeaseHeld, LeaseLost
 from tests.e2e.helpers import BASE, ROOT, small_plan
@@ -37,6 +38,8 @@ def test_stale_owner_cannot_write(db_url: str) -> None:
         first = ExperimentLease(s1, exp, "host-a:1").acquire()
         fenced1 = first.fenced()
         run = fenced1.start_run(exp, "A", 0, 0, 0, config)
+        point = fenced1.record_point(run, seq=0, window_start_s=0.0, window_end_s=1.0)
+        assert fenced1.ingest_requests(point, _records(0, 3)) == 3
         with pytest.raises(LeaseHeld, match=r"is being run by host-a:1.*orch cancel"):
             ExperimentLease(s2, exp, "host-b:2").acquire(take_over=True)
         first.release()  # as if host-a:1 died: its lock is gone, its process may linger
@@ -47,6 +50,9 @@ def test_stale_owner_cannot_write(db_url: str) -> None:
                 fenced1.finish_run(run, "done", True, None, {})
             with pytest.raises(LeaseLost):
                 fenced1.start_run(exp, "B", 0, 1, 0, config)
+            with pytest.raises(LeaseLost):  # request batches go around the ORM: fenced too
+                fenced1.ingest_requests(point, _records(3, 2))
+            assert len(s2.requests(point)) == 3
             with pytest.raises(LeaseLost):
                 first.ensure()
             assert [(r.id, r.status) for r in s2.runs(exp)] == [(run, "running")]
@@ -55,6 +61,11 @@ def test_stale_owner_cannot_write(db_url: str) -> None:
             assert s2.runs(exp)[0].status == "aborted"
         finally:
             second.release()
+
+
+def _records(first: int, n: int) -> list[RequestRecord]:
+    return [RequestRecord(request_id=i, conversation_id=i, turn=0, phase="measure", scheduled_s=0.1 * i,
+                          sent_s=0.1 * i, status="ok") for i in range(first, first + n)]
 
 
 def _env(tmp_path: Path, db: str) -> dict[str, str]:
