@@ -4,25 +4,45 @@ One worker = one vLLM engine on ``tp`` GPUs. The model answers: how many bytes t
 and each token of KV cache take, how many tokens of KV fit, and how long one engine step takes
 for a given mix of decode sequences and prefill chunks (DESIGN sections 5 and 8).
 
-Step time (one forward pass over everything scheduled in the step):
+Step time (one forward pass over everything scheduled in the step; issue 21):
 
-    T = t0 + max(bytes / (eff_bw x B), flops / (eff_fl x F)) + all-reduce
+    T = t0 + max(W_step / bw, linear_flops / F(tokens)) + max(KV / bw_kv(seqs), attn_flops / F(tokens))
+        + all-reduce + per-sequence costs (+ draft passes)
 
-- bytes: the weights once (MoE: active experts only) plus the KV cache every decode sequence
-  reads (its whole context) plus the KV a prefill chunk reads of its earlier context;
-- flops: 2 x active params per token processed, plus attention over the context;
-- both per GPU: tensor parallelism splits weights, KV and flops over ``tp`` GPUs and adds two
+- the linear layers (weights) and attention run as separate kernels one after the other, so
+  each has its own roof and near the ridge their times add (one max over the whole step was
+  3-19% low against a real H200, issue 21);
+- W_step: the weights a step reads (MoE: active experts only), **without the input embedding**:
+  a step gathers one row of it per token, it never streams it (a tied LM head does read it);
+- linear_flops: 2 x body params per token processed, plus 2 x LM-head params per *sampled*
+  position only (each decode position, one per prefill chunk), never per prompt token;
+- KV: the cache every decode sequence reads (its whole context) plus what a prefill chunk reads
+  of its earlier context; attn_flops: QK^T and AV over the context;
+- bw, F: datasheet peak x an efficiency; a measured ``DeviceProfile`` gives its own effective
+  rates instead, with the KV read rate by batch and the GEMM rate by tokens (small batches
+  and chunks reach far less of the peak than the big ones);
+- per GPU: tensor parallelism splits weights, KV and flops over ``tp`` GPUs and adds two
   all-reduces of the activations per layer over NVLink.
+
+The seed's single-stream ceiling B / W (585 tok/s, H200, W = 8.2 GB of FP8 Qwen3-8B) is an
+upper bound that counts every weight byte; the model reads fewer bytes (no embedding) at 90%
+of B plus t0, so its single stream lands a little under the ceiling (~94% of it on the
+datasheet profile), never above: ``ceiling_tokens_s`` keeps the seed's arithmetic exactly.
 
 Constants, each with its source:
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 
-from orchestrator.plan import EngineConfig, GPUSpec, ModelSpec, SpeculativeConfig
+from pydantic import Field, field_validator
+
+from orchestrator.plan import GPUS, EngineConfig, GPUSpec, ModelSpec, SpeculativeConfig
+from orchestrator.plan.base import StrictModel
 
 # Seed notes ("The memory-bandwidth ceiling"): a well-written memory-bound kernel reaches about
 # 90% of a GPU's peak bandwidth.
@@ -50,6 +70,15 @@ BLOCK_TOKENS = 16
 # Not in the seed: fixed cost of one NIXL KV pull (handshake, notification), from vLLM's
 # NixlConnector design (~1 ms scale). The bytes then move at the link bandwidth.
 KV_TRANSFER_LATENCY_S = 1e-3
+# Vocabulary size and whether the LM head is the input embedding (tied), from each model's
+# config.json (vocab_size, tie_word_embeddings). The plan's ModelSpec has no vocabulary; a model
+# not listed here gets no embedding/LM-head correction (its step is then a little slow).
+VOCABULARY: dict[str, tuple[int, bool]] = {
+    "qwen3-8b": (151_936, False),
+    "llama-3.1-70b": (128_256, False),
+    "qwen3-30b-a3b": (151_936, False),
+    "tiny-llama": (2_027, True),  # the test tier's model (backends/vllm_env.py)
+}
 
 
 def tokens_per_pass(k: int, acceptance: float) -> float:
@@ -102,6 +131,11 @@ class WorkerModel:
     # a fitted CPU profile measures them): per decoding sequence, per prefill chunk.
     decode_seq_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
+    # Measured rate curves (DeviceProfile), per GPU, effective (no efficiency factor on top):
+    # KV read bytes/s by sequences reading in a step, and linear-layer FLOP/s by tokens in a
+    # step; interpolated in log(x), held flat past the ends. Empty: the datasheet rates.
+    kv_bandwidth_by_batch: tuple[tuple[float, float], ...] = ()
+    flops_by_tokens: tuple[tuple[float, float], ...] = ()
 
     @classmethod
     def from_engine(
@@ -168,6 +202,48 @@ class WorkerModel:
         peak = self.gpu.fp8_flops if self.quantization == "fp8" else self.gpu.bf16_flops
         return peak * self.tp * self.compute_efficiency * self.efficiency_scale
 
+    @cached_property
+    def _vocab_params(self) -> tuple[float, float]:
+        """(embedding params a step never streams, LM-head params) of the whole model."""
+        vocab, tied = VOCABULARY.get(self.model.name, (0, True))
+        head = float(vocab * self.model.hidden_size)
+        return (0.0 if tied else head), head
+
+    @property
+    def decode_weight_bytes(self) -> float:
+        """Weight bytes one step streams, whole worker: ``step_weight_bytes`` less the input
+        embedding (untied models; a step gathers one row of it per token)."""
+        embedding, _ = self._vocab_params
+        per = self.step_weight_bytes / self.model.active
+        return self.step_weight_bytes - embedding * per
+
+    def linear_flops(self, tokens: float, sampled: float) -> float:
+        """FLOPs of the linear layers: 2 x body params per token, 2 x LM-head params per sampled
+        position (the embedding is a gather: no FLOPs)."""
+        embedding, head = self._vocab_params
+        return 2.0 * (self.model.active - embedding - head) * tokens + 2.0 * head * sampled
+
+    @cached_property
+    def _rates(self) -> tuple[float, float, float, float, float]:
+        """Per-step constants of the hot path: (weights read time, KV bytes/token, attention
+        FLOPs per token-context pair, body FLOPs per token, head FLOPs per sampled position)."""
+        embedding, head = self._vocab_params
+        return (self.decode_weight_bytes / self._bandwidth, self.kv_bytes_per_token,
+                4.0 * self.model.layers * self.model.hidden_size,
+                2.0 * (self.model.active - embedding - head), 2.0 * head)
+
+    def kv_bandwidth(self, seqs: int) -> float:
+        """Effective KV read bytes/s of a step where ``seqs`` sequences read their cache."""
+        if not self.kv_bandwidth_by_batch:
+            return self._bandwidth
+        return _interp_log(self.kv_bandwidth_by_batch, seqs) * self.tp * self.efficiency_scale
+
+    def flops_at(self, tokens: float) -> float:
+        """Effective FLOP/s of a step that processes ``tokens`` positions."""
+        if not self.flops_by_tokens:
+            return self._flops
+        return _interp_log(self.flops_by_tokens, tokens) * self.tp * self.efficiency_scale
+
     @property
     def tokens_per_pass(self) -> float:
         """Tokens one decode sequence gains per step (speculative decoding: E > 1)."""
@@ -180,10 +256,6 @@ class WorkerModel:
         nbytes = tokens * self.model.hidden_size * ACTIVATION_BYTES
         per = ALLREDUCE_LATENCY_S + 2 * (self.tp - 1) / self.tp * nbytes / self.gpu.nvlink_bytes_s
         return self.model.layers * ALLREDUCES_PER_LAYER * per
-
-    def _attention_flops(self, tokens: float, context: float) -> float:
-        # QK^T and AV: 2 matmuls x 2 flops x layers x width x tokens x context attended.
-        return 4.0 * self.model.layers * self.model.hidden_size * tokens * context
 
     def step_time_s(
         self,
@@ -199,25 +271,31 @@ class WorkerModel:
         """
         k = self.speculative_k
         decode_positions = decode_seqs * (k + 1)
-        prefill_tokens = sum(c.tokens for c in prefill)
-        if decode_seqs == 0 and prefill_tokens == 0:
-            return 0.0
-        nbytes = self.step_weight_bytes + decode_context_tokens * self.kv_bytes_per_token
-        flops = 2.0 * self.model.active * (decode_positions + prefill_tokens)
-        flops += self._attention_flops(decode_positions, decode_context_tokens / max(decode_seqs, 1))
+        w_s, kvb, attn_k, body2, head2 = self._rates
+        kv_tokens = decode_context_tokens
+        attn = attn_k * decode_positions * decode_context_tokens / decode_seqs if decode_seqs else 0.0
+        tokens = decode_positions
         for c in prefill:
-            nbytes += c.context * self.kv_bytes_per_token
-            flops += self._attention_flops(c.tokens, c.context + c.tokens / 2.0)
-        t = self.step_overhead_s + max(nbytes / self._bandwidth, flops / self._flops)
+            tokens += c.tokens
+            kv_tokens += c.context
+            attn += attn_k * c.tokens * (c.context + c.tokens / 2.0)
+        if tokens == 0:
+            return 0.0
+        flops_s = self.flops_at(tokens)
+        # Linear layers, then attention: two roofs, one after the other (issue 21, point 2).
+        linear = (body2 * tokens + head2 * (decode_positions + len(prefill))) / flops_s
+        t = self.step_overhead_s + (w_s if w_s > linear else linear)
+        kv_s = kv_tokens * kvb / self.kv_bandwidth(decode_seqs + len(prefill)) if kv_tokens else 0.0
+        attn_s = attn / flops_s
+        t += kv_s if kv_s > attn_s else attn_s
         if self.decode_seq_overhead_s or self.prefill_seq_overhead_s:
             t += decode_seqs * self.decode_seq_overhead_s + len(prefill) * self.prefill_seq_overhead_s
-        t += self.allreduce_s(decode_positions + prefill_tokens)
+        if self.tp > 1:
+            t += self.allreduce_s(tokens)
         if k and decode_seqs:
             # k draft steps, each a fraction c of a plain decode pass of the same batch.
-            plain = self.step_overhead_s + max(
-                (self.step_weight_bytes + decode_context_tokens * self.kv_bytes_per_token) / self._bandwidth,
-                2.0 * self.model.active * decode_seqs / self._flops,
-            )
+            plain = self.step_overhead_s + max(w_s, (body2 + head2) * decode_seqs / self.flops_at(decode_seqs))
+            plain += decode_context_tokens * kvb / self.kv_bandwidth(decode_seqs)
             t += k * self.speculative_draft_cost * plain
         return t
 
@@ -236,7 +314,9 @@ class WorkerModel:
         return t
 
     def ceiling_tokens_s(self) -> float:
-        """Seed notes, equation (1): one stream cannot exceed B / W (peak bandwidth, whole worker)."""
+        """Seed notes, equation (1): one stream cannot exceed B / W (peak bandwidth, whole worker;
+        W every weight byte, as the seed counts it). A bound: ``1 / decode_step_s(1, n)`` stays
+        under it (t0, 90% of B; the embedding it omits is ~8% of Qwen3-8B's bytes)."""
         return self.gpu.bandwidth_bytes_s * self.tp / self.step_weight_bytes
 
     def kv_transfer_s(self, tokens: int, link_bytes_s: float) -> float:
@@ -246,35 +326,73 @@ class WorkerModel:
         return KV_TRANSFER_LATENCY_S + tokens * self.kv_bytes_per_token / (link_bytes_s * self.tp)
 
 
-@dataclass(frozen=True)
-class DeviceProfile:
-    """A device described by what one engine step achieves on it, fitted from a few measured
-    points of a real server (``benchmarks/sim_vs_vllm.py`` fits vLLM's CPU build) instead of a
-    datasheet: effective bandwidth and FLOP/s (no efficiency factor applied on top), the fixed
-    cost of a step ``t0``, the KV cache size of one engine, and optionally fixed costs per
-    decoding sequence and per prefill chunk of a step (what a CPU engine spends per sequence in
-    Python, which neither bytes nor flops describe)."""
+def _interp_log(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """y at ``x`` on a curve of (x, y) points sorted by x, linear in log(x), flat past the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    i = bisect.bisect_right(points, (x, math.inf))
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
 
-    name: str
-    bandwidth_bytes_s: float
-    flops: float
-    step_overhead_s: float
-    kv_cache_bytes: float
-    decode_seq_overhead_s: float = 0.0
-    prefill_seq_overhead_s: float = 0.0
+
+Curve = tuple[tuple[float, float], ...]
+
+
+class DeviceProfile(StrictModel):
+    """A device described by what one engine step achieves on it, measured rather than taken
+    from a datasheet: fitted from a few points of a real server (``benchmarks/sim_vs_vllm.py``
+    fits vLLM's CPU build) or from a probe of the hardware (``orch device probe`` then ``orch
+    device fit``). Every rate is effective (no efficiency factor applied on top) and per GPU.
+
+    The terms of issue 21: ``step_overhead_s`` (t0, the per-step fixed cost: launches and small
+    kernels, ~1.3 ms on an H200 inside a CUDA graph in a plain PyTorch probe), the weights'
+    stream rate ``bandwidth_bytes_s``, the KV read rate by batch ``kv_bandwidth_by_batch`` (few
+    KV heads leave most SMs idle at small batches: ~0.4 TB/s at 1 on an H200, 4.2-4.6 at 32 and
+    more), and the GEMM rate by tokens ``flops_by_tokens`` (a 512-token chunk reached ~330
+    TFLOP/s, large GEMMs 762). Optionally fixed costs per decoding sequence and per prefill chunk
+    of a step (what a CPU engine spends per sequence in Python)."""
+
+    name: str = Field(description="Name of the profile (e.g. the device it was measured on).")
+    gpu: str | None = Field(default=None, description="Catalog GPU type it describes (plan simulate applies it to arms of that GPU); None: every arm.")
+    fingerprint: str | None = Field(default=None, description="Device name and memory the probe saw, e.g. 'NVIDIA H200|150754820096'.")
+    source: str = Field(default="", description="Where the figures were measured.")
+    bandwidth_bytes_s: float = Field(gt=0, description="Weights stream rate, bytes/s.")
+    flops: float = Field(gt=0, description="GEMM rate of large steps, FLOP/s (when flops_by_tokens is empty: every step).")
+    step_overhead_s: float = Field(ge=0, description="Fixed cost of one step, s.")
+    kv_cache_bytes: float | None = Field(default=None, gt=0, description="KV cache size of one engine (CPU: VLLM_CPU_KVCACHE_SPACE); None: from memory_bytes as on a GPU.")
+    memory_bytes: float | None = Field(default=None, gt=0, description="Device memory, bytes (default: the catalog GPU's).")
+    decode_seq_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per decoding sequence in a step, s.")
+    prefill_seq_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per prefill chunk in a step, s.")
+    kv_bandwidth_by_batch: Curve = Field(default=(), description="(sequences reading, KV bytes/s) points, by batch.")
+    flops_by_tokens: Curve = Field(default=(), description="(tokens in the step, FLOP/s) points of the linear layers.")
+
+    @field_validator("kv_bandwidth_by_batch", "flops_by_tokens")
+    @classmethod
+    def _sorted_positive(cls, v: Curve) -> Curve:
+        if any(x <= 0 or y <= 0 for x, y in v):
+            raise ValueError("curve points must be positive")
+        return tuple(sorted(v))
 
     def gpu_spec(self) -> GPUSpec:
-        """The profile as a GPU type (the figures are effective; no NVLink: TP 1)."""
+        """The profile as a GPU type (effective figures; NVLink from the catalog GPU if named)."""
+        known = GPUS.get(self.gpu) if self.gpu else None
+        memory = self.kv_cache_bytes or self.memory_bytes or (known.memory_bytes if known else None)
+        if memory is None:
+            raise ValueError(f"profile {self.name}: neither kv_cache_bytes nor memory_bytes, and no catalog GPU")
         return GPUSpec(
-            name=self.name, memory_bytes=self.kv_cache_bytes, bandwidth_bytes_s=self.bandwidth_bytes_s,
-            bf16_flops=self.flops, fp8_flops=self.flops, nvlink_bytes_s=self.bandwidth_bytes_s,
-            node_labels=(self.name,), gpus_per_node=1,
+            name=self.name, memory_bytes=memory, bandwidth_bytes_s=self.bandwidth_bytes_s,
+            bf16_flops=self.flops, fp8_flops=self.flops,
+            nvlink_bytes_s=known.nvlink_bytes_s if known else self.bandwidth_bytes_s,
+            node_labels=known.node_labels if known else (self.name,), gpus_per_node=known.gpus_per_node if known else 1,
         )
 
-    def worker(self, model: ModelSpec, engine: EngineConfig, tp: int = 1) -> WorkerModel:
+    def worker(self, model: ModelSpec, engine: EngineConfig, tp: int = 1, efficiency_scale: float = 1.0) -> WorkerModel:
         """One engine on this device with a plan's engine knobs."""
-        w = WorkerModel.from_engine(self.gpu_spec(), model, tp, engine)
+        w = WorkerModel.from_engine(self.gpu_spec(), model, tp, engine, efficiency_scale)
         return replace(w, step_overhead_s=self.step_overhead_s, bandwidth_efficiency=1.0,
                        compute_efficiency=1.0, kv_cache_bytes=self.kv_cache_bytes,
                        decode_seq_overhead_s=self.decode_seq_overhead_s,
-                       prefill_seq_overhead_s=self.prefill_seq_overhead_s)
+                       prefill_seq_overhead_s=self.prefill_seq_overhead_s,
+                       kv_bandwidth_by_batch=self.kv_bandwidth_by_batch, flops_by_tokens=self.flops_by_tokens)

@@ -23,7 +23,7 @@ CPU = DeviceProfile(name="cpu-fit", bandwidth_bytes_s=2.0e9, flops=5.0e10, step_
 def test_datasheet_workers_keep_the_constants() -> None:
     w = WorkerModel(gpu=gpu("H200"), model=MODELS["qwen3-8b"])
     assert w.step_overhead_s == STEP_OVERHEAD_S and w.kv_cache_bytes is None
-    expected = STEP_OVERHEAD_S + w.step_weight_bytes / (4.8e12 * BANDWIDTH_EFFICIENCY)
+    expected = STEP_OVERHEAD_S + w.decode_weight_bytes / (4.8e12 * BANDWIDTH_EFFICIENCY)
     assert w.step_time_s(decode_seqs=1) == pytest.approx(expected)
 
 
@@ -39,8 +39,13 @@ def test_profile_step_is_t0_plus_the_larger_of_bytes_and_flops_at_its_effective_
     assert w.decode_step_s(4, 300) == pytest.approx(4e-3 + nbytes / 2.0e9)
     # A 512-token prefill alone: compute-bound.
     chunk = PrefillChunk(512, 0)
-    pf = 2 * 5.0e5 * 512 + 4 * 2 * 128 * 512 * 256
-    assert w.step_time_s(prefill=(chunk,)) == pytest.approx(4e-3 + max((5.0e5 * 2) / 2.0e9, pf / 5.0e10))
+    # tiny-llama's LM head is its (tied) embedding, 2,027 x 128: computed for the one sampled
+    # position only; linear layers and attention are separate roofs (issue 21).
+    head = 2027 * 128
+    linear = 2 * (5.0e5 - head) * 512 + 2 * head
+    attn = 4 * 2 * 128 * 512 * 256
+    assert w.step_time_s(prefill=(chunk,)) == pytest.approx(4e-3 + max((5.0e5 * 2) / 2.0e9, linear / 5.0e10)
+                                                            + attn / 5.0e10)
 
 
 def test_profile_sizes_the_kv_cache_explicitly() -> None:

@@ -28,8 +28,9 @@ def test_single_stream_ceiling_matches_seed(name: str, bound: float) -> None:
     assert w.ceiling_tokens_s() == pytest.approx(bound, rel=0.01)
     speed = 1.0 / w.decode_step_s(1, 100)
     assert speed < w.ceiling_tokens_s()
-    # Kernels reach ~90% of peak bandwidth; the step's launch overhead takes a little more.
-    assert 0.85 <= speed / w.ceiling_tokens_s() <= 0.90
+    # Kernels reach ~90% of peak bandwidth; a step skips the embedding (~8% of W, which the
+    # seed's ceiling counts) and pays t0: approached, never met (issue 21).
+    assert 0.90 <= speed / w.ceiling_tokens_s() < 0.97
 
 
 def test_kv_bytes_per_token_bf16_and_fp8() -> None:
@@ -74,7 +75,11 @@ def test_batching_raises_fleet_throughput_toward_b_over_k_and_lowers_per_user_sp
     assert fleet == sorted(fleet)
     assert user == sorted(user, reverse=True)
     assert fleet[-1] < limit
-    assert fleet[-1] > 0.8 * limit * 0.9  # close to B/K at 90% efficiency
+    # Linear layers and attention are separate roofs (issue 21): at a large batch the step pays
+    # the linear layers' compute on top of the KV read, so the fleet tends to
+    # 1 / (K / (0.9 B) + linear FLOPs per token / F), below B/K.
+    per_token_s = per_seq_kv / (0.9 * w.gpu.bandwidth_bytes_s) + w.linear_flops(1, 1) / w._flops
+    assert fleet[-1] == pytest.approx(1 / per_token_s, rel=0.02)
 
 
 def test_moe_reads_only_active_experts() -> None:
