@@ -10,10 +10,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 import sqlalchemy.exc
 
 from orchestrator import logs
 from orchestrator.errors import EnvironmentProblem
+from orchestrator.store.models import LoadPoint, MetricSample, Run
 
 log = logs.get_logger(__name__)
 
@@ -81,8 +83,13 @@ def retrying(fn: Callable[[], Any], what: str, budget: float, sleep: Callable[[f
 
 
 class ResilientStore:
-    """A Store whose calls ride through outages (see module docstring). ``start_run`` is made
-    idempotent: a retry after a commit whose answer was lost finds the run it made."""
+    """A Store whose calls ride through outages (see module docstring).
+
+    A write whose commit succeeded but whose answer was lost (the connection dropped after
+    COMMIT) must not be written twice when it is retried: before each retry of a write named in
+    :data:`PROBES` the store is asked whether the first try's row is there, and if it is, that
+    row's result is returned instead of writing again. (Capacities are upserts and a point's
+    finish an update of the same values: retrying them is harmless as it is.)"""
 
     def __init__(self, store: Any, budget: float | None = None, on_recovered: Callable[[], None] | None = None):
         self._store = store
@@ -97,29 +104,82 @@ class ResilientStore:
         attr = getattr(self._store, name)
         if name.startswith("_") or name in NO_RETRY or not callable(attr):
             return attr
+        probe = PROBES.get(name)
 
         @functools.wraps(attr)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if name == "start_run":
-                return self._start_run(attr, *args, **kwargs)
-            return retrying(lambda: attr(*args, **kwargs), name, self.retry_budget_s,
-                            on_recovered=self._on_recovered)
+            tries = [0]
+
+            def once() -> Any:
+                tries[0] += 1
+                if tries[0] > 1 and probe is not None:  # an earlier try may have committed
+                    found = probe(self._store, *args, **kwargs)
+                    if found is not _ABSENT:
+                        log.info("%s: the try before the outage had committed; not written again", name)
+                        return found
+                return attr(*args, **kwargs)
+
+            return retrying(once, name, self.retry_budget_s, on_recovered=self._on_recovered)
 
         return call
 
-    def _start_run(self, attr: Callable[..., int], experiment_id: int, arm: str, block: int, position: int,
-                   attempt: int, config_id: int) -> int:
-        tries = [0]
 
-        def once() -> int:
-            tries[0] += 1
-            try:
-                return attr(experiment_id, arm, block, position, attempt, config_id)
-            except Exception as e:
-                if tries[0] > 1 and not is_transient(e):
-                    for r in self._store.runs(experiment_id):  # an earlier try committed
-                        if (r.block, r.arm, r.attempt) == (block, arm, attempt) and r.status == "running":
-                            return int(r.id)
-                raise
+_ABSENT = object()
 
-        return int(retrying(once, "start_run", self.retry_budget_s, on_recovered=self._on_recovered))
+
+def _started_run(store: Any, experiment_id: int, arm: str, block: int, position: int, attempt: int,
+                 config_id: int) -> Any:
+    for r in store.runs(experiment_id):
+        if (r.block, r.arm, r.attempt) == (block, arm, attempt):
+            return int(r.id)
+    return _ABSENT
+
+
+def _recorded_point(store: Any, run_id: int, *, seq: int, **_: Any) -> Any:
+    with store.engine.connect() as conn:
+        found = conn.execute(sa.select(LoadPoint.id).where(LoadPoint.run_id == run_id, LoadPoint.seq == seq)).scalar()
+    return _ABSENT if found is None else int(found)
+
+
+def _finished_run(store: Any, run_id: int, status: str, *_: Any, **__: Any) -> Any:
+    with store.engine.connect() as conn:
+        now = conn.execute(sa.select(Run.status).where(Run.id == run_id)).scalar()
+    return None if now == status else _ABSENT
+
+
+def _recorded_guards(store: Any, run_id: int, point_id: int | None, results: Any) -> Any:
+    names = {r[0] if isinstance(r, tuple) else r.name for r in results}
+    have = {g.name for g in store.guard_results(run_id) if g.point_id == point_id}
+    return None if names and names <= have else _ABSENT
+
+
+def _recorded_verdict(store: Any, experiment_id: int, registration_id: int, bar_id: str, verdict: str,
+                      estimate: float | None, lower: float | None, upper: float | None, blocks: int,
+                      **_: Any) -> Any:
+    latest = {v.bar_id: v for v in store.verdicts(experiment_id)}.get(bar_id)
+    same = latest is not None and (latest.verdict, latest.estimate, latest.lower, latest.upper, latest.blocks) == (
+        verdict, estimate, lower, upper, blocks)
+    return None if same else _ABSENT
+
+
+def _recorded_samples(store: Any, run_id: int, point_id: int | None, samples: Any) -> Any:
+    samples = list(samples)
+    if not samples:
+        return _ABSENT
+    t, name = float(samples[0][0]), samples[0][1]
+    with store.engine.connect() as conn:
+        n = conn.execute(sa.select(sa.func.count()).select_from(MetricSample).where(
+            MetricSample.run_id == run_id, MetricSample.point_id.is_(None) if point_id is None
+            else MetricSample.point_id == point_id, MetricSample.t == t, MetricSample.name == name)).scalar()
+    return len(samples) if n else _ABSENT
+
+
+# Write -> how to tell that an earlier try of the same call committed (its result, or _ABSENT).
+PROBES: dict[str, Callable[..., Any]] = {
+    "start_run": _started_run,
+    "record_point": _recorded_point,
+    "finish_run": _finished_run,
+    "record_guards": _recorded_guards,
+    "record_verdict": _recorded_verdict,
+    "record_metric_samples": _recorded_samples,
+}

@@ -257,3 +257,61 @@ def test_abort_writes_the_runs_spool_before_storing_the_abort(sqlite_url: str, t
         assert not list((state / "spool").glob("point-*.jsonl"))
     finally:
         store.close()
+
+
+class _AnswerLost(Store):
+    """Each write commits, then its first answer is lost (the connection drops after COMMIT)."""
+
+    lost: set[str] = set()
+
+    def _drop_once(self, name: str, result: Any) -> Any:
+        if name not in self.lost:
+            self.lost.add(name)
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+        return result
+
+    def start_run(self, *a: Any, **k: Any) -> int:
+        return self._drop_once("start_run", super().start_run(*a, **k))
+
+    def record_point(self, *a: Any, **k: Any) -> int:
+        return self._drop_once("record_point", super().record_point(*a, **k))
+
+    def record_guards(self, *a: Any, **k: Any) -> None:
+        return self._drop_once("record_guards", super().record_guards(*a, **k))
+
+    def record_metric_samples(self, *a: Any, **k: Any) -> int:
+        return self._drop_once("record_metric_samples", super().record_metric_samples(*a, **k))
+
+    def finish_run(self, *a: Any, **k: Any) -> None:
+        return self._drop_once("finish_run", super().finish_run(*a, **k))
+
+    def record_verdict(self, *a: Any, **k: Any) -> None:
+        return self._drop_once("record_verdict", super().record_verdict(*a, **k))
+
+
+def test_a_write_whose_answer_was_lost_is_not_written_twice(db_url: str) -> None:
+    """A retry after a commit whose answer was lost finds the first try's row: one run, one
+    point, one set of guards and samples, one verdict; the run's finish is not refused as an
+    edit of a finished run."""
+    from orchestrator.store.retry import ResilientStore
+
+    with Store.open(db_url) as plain:
+        plan = small_plan(name="lost-answer")
+        reg = plain.register_plan(plan)
+        exp = plain.create_experiment(reg.id)
+        config = plain.deployment_config(plan, "A")
+        store = ResilientStore(_AnswerLost(plain.engine), budget=30.0)
+        _AnswerLost.lost = set()
+        run = store.start_run(exp, "A", 0, 0, 0, config)
+        point = store.record_point(run, seq=0, window_start_s=0.0, window_end_s=1.0)
+        store.record_guards(run, point, [("repeat", True, 0.0, 0.0, "")])
+        assert store.record_metric_samples(run, point, [(1.0, "vllm:x", {}, 2.0), (2.0, "vllm:x", {}, 3.0)]) == 2
+        store.finish_run(run, "done", True, None, {})
+        store.record_verdict(exp, reg.id, "bar", "ACCEPT", 1.2, 1.1, 1.3, 2)
+        assert _AnswerLost.lost == {"start_run", "record_point", "record_guards", "record_metric_samples",
+                                    "finish_run", "record_verdict"}
+        assert [(r.id, r.status) for r in plain.runs(exp)] == [(run, "done")]
+        assert list(plain.points(run)["id"]) == [point]
+        assert len(plain.guard_results(run)) == 1
+        assert len(plain.metric_samples(run)) == 2
+        assert len(plain.verdicts(exp, history=True)) == 1
