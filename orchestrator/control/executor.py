@@ -269,14 +269,20 @@ class Executor:
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
                                  self.config.generator_ceiling)
             runner.warm_up(dep, arm, block, attempt)
-            caps = self._search(plan, arm, block, run_id, dep, runner, points)
-            for bar in plan.bars:
-                if bar.rate is not None and not _near(points, bar.rate):
-                    self._point(plan, arm, block, run_id, dep, runner, points, bar.rate, None)
+            if plan.workload.closed is not None:
+                # Closed loop: one point at the plan's N users; no capacity (open loop only).
+                p = self._closed_point(plan, arm, block, run_id, dep, runner, points)
+                line = (f"{p.metrics.throughput_tok_s:.0f} tok/s at {plan.workload.closed.users} users "
+                        "(closed loop)")
+            else:
+                caps = self._search(plan, arm, block, run_id, dep, runner, points)
+                for bar in plan.bars:
+                    if bar.rate is not None and not _near(points, bar.rate):
+                        self._point(plan, arm, block, run_id, dep, runner, points, bar.rate, None)
+                line = "capacity " + ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
             facts["finished_at"] = time.time()
             self.store.finish_run(run_id, "done", True, None, record())
-            line = ", ".join(f"{c} {v:.0f} tok/s" for c, v in caps.items())
-            self.progress.run_done(f"block {block} arm {arm}: valid; capacity {line} ({_count(points)} points)")
+            self.progress.run_done(f"block {block} arm {arm}: valid; {line} ({_count(points)} points)")
             return RunSummary(run_id, block, arm, attempt, True, None, caps, _count(points))
         except DatabaseOutage as e:
             # One try, no retry budget: if the database is back, the run's spooled records are
@@ -356,6 +362,27 @@ class Executor:
         if not p.valid:
             failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
             raise RunInvalid(f"guard failed at {rate:.3g} req/s: {failed}")
+        return p
+
+    def _closed_point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
+                      runner: PointRunner, points: dict[float, list[PointOutcome]]) -> PointOutcome:
+        """The closed-loop point of a run (kept under rate 0 in ``points``: it has no rate)."""
+        closed = plan.workload.closed
+        assert closed is not None
+        self._ensure_owner()
+        self.progress.point_started(f"{closed.users} users (closed loop)",
+                                    plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
+        seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
+        self._measured[(run_id, 0.0)] = self._measured.get((run_id, 0.0), 0) + 1
+        p = runner.measure_closed(dep, run_id, arm, block, seq, dep.key.attempt)
+        points.setdefault(0.0, []).append(p)
+        att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
+        self.progress.point_done(f"{closed.users} users: {p.metrics.throughput_tok_s:.0f} tok/s, attainment {att}"
+                                 + ("" if p.valid else "  [guard failed]"))
+        self._check_server(dep, p)
+        if not p.valid:
+            failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
+            raise RunInvalid(f"guard failed at {closed.users} users (closed loop): {failed}")
         return p
 
     def _check_server(self, dep: Deployment, p: PointOutcome) -> None:

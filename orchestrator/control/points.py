@@ -6,22 +6,25 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.analysis.guards import GuardResult, PointContext, run_guards
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
 from orchestrator.control.spool import SpoolingSink
-from orchestrator.loadgen.runner import run_point
+from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
 from orchestrator.loadgen.scrape import Sample, parse_metrics
 from orchestrator.loadgen.workloads import (
+    RequestSpec,
     build_requests,
     expected_prefix_hit_rate,
     ideal_prefix_hit_rate,
+    iter_requests,
 )
 from orchestrator.plan import Plan
 from orchestrator.records import RequestRecord
@@ -186,7 +189,17 @@ class PointRunner:
         plan, s = self.plan, self.plan.search
         seconds = max(2.0, s.warmup_s)
         seed = point_seed(plan.design.seed, block, -1.0, attempt=attempt)
-        assert plan.workload.arrival is not None
+        closed = plan.workload.closed
+        if closed is not None:
+            # The plan's own users for a few seconds: the load a closed-loop point will bring.
+            asyncio.run(run_closed_loop(
+                dep.endpoint.url, dep.endpoint.model, iter_requests(plan.workload, seed),
+                users=closed.users, think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
+                duration_s=seconds, warmup_s=seconds, api=plan.workload.api,
+                request_timeout_s=drain_seconds(plan), headers=dict(dep.endpoint.headers)))
+            settle(self.backend, dep)
+            return
+        assert plan.workload.arrival is not None  # one of the two loops (the Workload model)
         offsets = open_loop_offsets(plan.workload.arrival, max(s.rate.min, 2.0 / seconds), seconds, seed)
         if len(offsets) == 0:
             return
@@ -228,16 +241,64 @@ class PointRunner:
                 deadline_s=duration + drain_seconds(plan), keep_records=True,
                 headers=dict(dep.endpoint.headers),
             ))
+        return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
+                              sink, before, before_t, during, started, seed, offered_rate=rate)
+
+    def measure_closed(self, dep: Deployment, run_id: int, arm: str, block: int, seq: int,
+                       attempt: int = 0) -> PointOutcome:
+        """One closed-loop point at the plan's N users: no offered rate (the server's pace sets
+        the rate), every request its users sent recorded; judged like an open-loop point, its
+        throughput and goodput are "at N users", never a capacity (DESIGN 7)."""
+        plan, s = self.plan, self.plan.search
+        closed = plan.workload.closed
+        assert closed is not None
+        seed = point_seed(plan.design.seed, block, -float(closed.users), 0, attempt)
+        duration = s.warmup_s + s.point_s + s.cooldown_s
+        started = time.time()
+        point_id = self.store.record_point(
+            run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
+            offered_rate=None, users=closed.users, n_scheduled=None, valid=False, search_class=None,
+        )
+        sink = SpoolingSink(self.store, point_id, self.spool_dir)
+        taken: list[RequestSpec] = []  # the requests the users actually took, for the guards
+
+        def source() -> Iterator[RequestSpec]:
+            for spec in iter_requests(plan.workload, seed):
+                taken.append(spec)
+                yield spec
+
+        settle(self.backend, dep)
+        before_t, before = time.time(), scrape_samples(self.backend, dep)
+        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
+            summary = asyncio.run(run_closed_loop(
+                dep.endpoint.url, dep.endpoint.model, source(), users=closed.users,
+                think_s=closed.think_s, ramp_up_s=closed.ramp_up_s, duration_s=duration,
+                warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api, sink=sink,
+                request_timeout_s=drain_seconds(plan) + duration, deadline_s=duration + drain_seconds(plan),
+                keep_records=True, headers=dict(dep.endpoint.headers),
+            ))
+        return self._conclude(dep, run_id, arm, point_id, 0.0, None, taken, summary, sink, before,
+                              before_t, during, started, seed, offered_rate=None, users=closed.users)
+
+    def _conclude(self, dep: Deployment, run_id: int, arm: str, point_id: int, rate: float,
+                  search_class: str | None, requests: Sequence[RequestSpec], summary: PointSummary,
+                  sink: SpoolingSink, before: list[Sample], before_t: float, during: DuringScraper,
+                  started: float, seed: int, offered_rate: float | None,
+                  users: int | None = None) -> PointOutcome:
+        """Metrics, guards and storage of a point that has run (open or closed loop)."""
+        plan, s = self.plan, self.plan.search
         after_t, after = time.time(), scrape_samples(self.backend, dep)
         records = summary.records or []
-        n_measured = sum(1 for p in phases if p == "measure")
+        # Every request scheduled in the window (open loop: by the schedule; closed loop: by
+        # when its user was ready) is judged, finished or not.
+        n_measured = sum(1 for r in records if r.phase == "measure")
         metrics = point_metrics(records, plan.classes, window_s=s.point_s, n_scheduled=n_measured)
         hit = server_prefix_hit_rate(before, after)
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
             n_scheduled=n_measured, window_s=s.point_s,
             expected_prefix_hit_rate=ideal_prefix_hit_rate(requests), server_prefix_hit_rate=hit,
-            generator_ceiling_rate=self.ceiling, offered_rate=rate,
+            generator_ceiling_rate=self.ceiling, offered_rate=offered_rate,
             shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
             service_class=judged_class, attainment_threshold=s.attainment,
             sim_lateness_p99_s=sim_lateness_p99(before, after),
@@ -246,7 +307,7 @@ class PointRunner:
         guards = run_guards(records, plan.guards, context)
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
         doc = metrics.to_dict()
-        context_doc = {
+        context_doc: dict[str, Any] = {
             "server_prefix_hit_rate": hit, "ideal_prefix_hit_rate": context.expected_prefix_hit_rate,
             "expected_prefix_hit_rate": expected_prefix_hit_rate(
                 requests, self.workers(arm), plan.router_for(arm).policy),
@@ -255,6 +316,8 @@ class PointRunner:
             "sim_lateness_p99_s": context.sim_lateness_p99_s,
             "access_path_p99_s": context.access_path_p99_s,
         }
+        if users is not None:  # no schedule: the count judged is the users' sends in the window
+            context_doc["loop"] = {"kind": "closed", "users": users, "n_in_window": n_measured}
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
             per_class=doc["per_class"],

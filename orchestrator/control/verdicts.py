@@ -99,7 +99,8 @@ def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[t
             elif (b, arm) in runs:
                 if not math.isfinite(_value(store, caps, runs[(b, arm)], bar)):
                     what = (f"no capacity at class {bar.service_class}" if bar.metric == "capacity"
-                            else f"no valid point at {bar.rate:g} req/s")
+                            else f"no valid point at {bar.rate:g} req/s" if bar.rate is not None
+                            else "no valid closed-loop point")
                     why.append(f"arm {arm}: {what}")
             elif done := [r for r in mine if r.status == "done" and r.valid]:
                 why.extend(f"{g.name} guard failed ({g.detail})" for r in done
@@ -116,7 +117,10 @@ def _at_rate(store, run_id: int, bar: Bar) -> float:
     pts = store.points(run_id)
     if pts.empty:
         return math.nan
-    pts = pts[pts.valid & ((pts.offered_rate - (bar.rate or 0)).abs() <= 1e-6 * max(1.0, bar.rate or 0))]
+    if bar.rate is None:  # a closed-loop plan: its run's points are all at the plan's N users
+        pts = pts[pts.valid]
+    else:
+        pts = pts[pts.valid & ((pts.offered_rate - bar.rate).abs() <= 1e-6 * max(1.0, bar.rate))]
     if pts.empty:
         return math.nan
     key = "goodput_tok_s" if bar.metric == "goodput_at" else "attainment"

@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -284,7 +284,7 @@ async def run_point(
 async def run_closed_loop(
     endpoint_url: str,
     model: str,
-    requests: Sequence[RequestSpec],
+    requests: Iterable[RequestSpec],
     *,
     users: int,
     think_s: float = 0.0,
@@ -295,20 +295,23 @@ async def run_closed_loop(
     api: Api = "completions",
     sink: Sink | None = None,
     request_timeout_s: float = 60.0,
+    deadline_s: float | None = None,
     client: ClientKind = DEFAULT_CLIENT,
     batch_size: int = 500,
     flush_s: float = 1.0,
     keep_records: bool = False,
+    headers: Mapping[str, str] | None = None,
 ) -> PointSummary:
     """N users, each sending its next request (the list's next one) when its reply is done and
     its think time has passed; no new request after ``duration_s``; in-flight requests are
-    cancelled at ``duration_s + request_timeout_s``. A request's scheduled time is when its
-    user was ready to send, so a slow generator still shows as lag."""
+    cancelled (and recorded ``cancelled``) at ``deadline_s`` (default ``duration_s +
+    request_timeout_s``). A request's scheduled time is when its user was ready to send, so a
+    slow generator still shows as lag. ``requests`` may be an endless iterator."""
     if users < 1:
         raise ValueError("users must be >= 1")
     measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
     clock = Clock()
-    transport = make_client(client, endpoint_url, model, api, clock, users)
+    transport = make_client(client, endpoint_url, model, api, clock, users, headers)
     batcher = _Batcher(sink, batch_size, flush_s)
     point = _Point(transport, batcher, request_timeout_s)
     batcher.start()
@@ -330,7 +333,8 @@ async def run_closed_loop(
                 ready = time.perf_counter() + think_s
 
         tasks = [asyncio.get_running_loop().create_task(user(k)) for k in range(users)]
-        done, pending = await asyncio.wait(tasks, timeout=duration_s + request_timeout_s + 1.0)
+        limit = deadline_s if deadline_s is not None else duration_s + request_timeout_s
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, t0 + limit - time.perf_counter()))
         for t in pending:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -19,9 +19,10 @@ real traffic; after C x turns requests a new generation of C conversations start
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,17 +171,15 @@ class _Slots:
         return generation * self.conversations + int(order[slot]), turn
 
 
-def build_requests(workload: Workload, n: int, seed: int) -> list[RequestSpec]:
-    """The point's ``n`` requests, fully determined by (workload, n, seed)."""
-    if n < 0:
-        raise ValueError("n must be >= 0")
+def iter_requests(workload: Workload, seed: int) -> Iterator[RequestSpec]:
+    """The point's requests in order, without end: request ``i`` is the same whatever number
+    is taken, so a closed loop (which cannot know its count up front) takes what it needs."""
     p = workload.prompts
     prefix = shared_prefix_words(workload, seed)
     chat = workload.api == "chat"
     slots = _Slots(p.conversations, p.turns, seed)
     convs: dict[int, _Conversation] = {}
-    out: list[RequestSpec] = []
-    for i in range(n):
+    for i in itertools.count():
         cid, turn = slots(i)
         conv = convs.get(cid)
         if conv is None:
@@ -188,22 +187,26 @@ def build_requests(workload: Workload, n: int, seed: int) -> list[RequestSpec]:
         segments = conv.turn_segments(turn)
         words = [w for _, seg in segments for w in seg]
         messages = tuple((role, " ".join(seg)) for role, seg in segments) if chat else ()
-        out.append(
-            RequestSpec(
-                request_id=i,
-                conversation_id=cid,
-                turn=turn,
-                prompt=" ".join(words),
-                prompt_tokens=len(words),
-                shared_prefix_tokens=len(prefix),
-                max_tokens=workload.output_tokens,
-                prompt_hash=_hash(words[len(prefix) :]),
-                messages=messages,
-            )
+        yield RequestSpec(
+            request_id=i,
+            conversation_id=cid,
+            turn=turn,
+            prompt=" ".join(words),
+            prompt_tokens=len(words),
+            shared_prefix_tokens=len(prefix),
+            max_tokens=workload.output_tokens,
+            prompt_hash=_hash(words[len(prefix) :]),
+            messages=messages,
         )
         if turn == p.turns - 1:
             del convs[cid]  # its last turn: free the history
-    return out
+
+
+def build_requests(workload: Workload, n: int, seed: int) -> list[RequestSpec]:
+    """The point's ``n`` requests, fully determined by (workload, n, seed)."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    return list(itertools.islice(iter_requests(workload, seed), n))
 
 
 # ---- expected prefix-cache hit rate -------------------------------------------------------

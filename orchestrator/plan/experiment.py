@@ -110,7 +110,9 @@ class Bar(StrictModel):
     at_most: float | None = Field(default=None, gt=0, le=1000, description="Accept if the ratio is at most this (at most 1000).")
     confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
     rate: float | None = Field(
-        default=None, gt=0, le=100_000, description="goodput_at / attainment_at: offered rate, requests/s (at most 100000)."
+        default=None, gt=0, le=100_000,
+        description="goodput_at / attainment_at: offered rate, requests/s (at most 100000); open "
+        "loop only: a closed-loop plan is judged at its N users.",
     )
 
     @model_validator(mode="after")
@@ -118,8 +120,6 @@ class Bar(StrictModel):
         problems: list[tuple[str, str]] = []
         if (self.at_least is None) == (self.at_most is None):
             problems.append(("at_least", "give exactly one of `at_least` or `at_most`"))
-        if self.metric != "capacity" and self.rate is None:
-            problems.append(("rate", f"metric {self.metric} needs the offered `rate`"))
         if self.metric == "capacity" and self.rate is not None:
             problems.append(("rate", "a capacity bar takes no `rate` (capacity is searched)"))
         if problems:
@@ -298,18 +298,31 @@ def cross_check(
                         f"class {bar.service_class!r} is not measured by this plan (classes: {measured})",
                     )
                 )
-            if workload is not None and bar.metric == "capacity" and not workload.open_loop:
-                problems.append(
-                    Problem(
-                        f"bars.{i}.metric",
-                        "capacity comes from open-loop runs only; this workload is closed loop",
-                    )
-                )
+            if workload is not None:
+                problems.extend(_bar_fits_loop(i, bar, workload))
     if model is not None and arms is not None:
         for name, arm in arms.items():
             if not arm.external:
                 problems.extend(_weights_fit(model, name, arm))
     return problems
+
+
+def _bar_fits_loop(i: int, bar: Bar, workload: Workload) -> list[Problem]:
+    """Open loop: a point metric names its offered rate. Closed loop: no capacity (DESIGN 7:
+    capacity comes from open-loop runs only) and no rate (the point is the plan's N users)."""
+    if workload.open_loop:
+        if bar.metric != "capacity" and bar.rate is None:
+            return [Problem(f"bars.{i}.rate", f"metric {bar.metric} needs the offered `rate`")]
+        return []
+    if bar.metric == "capacity":
+        return [Problem(f"bars.{i}.metric",
+                        "capacity comes from open-loop runs only; this workload is closed loop "
+                        "(workload.closed): use goodput_at or attainment_at, judged at its users")]
+    if bar.rate is not None:
+        return [Problem(f"bars.{i}.rate",
+                        "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
+                        "remove `rate`")]
+    return []
 
 
 def _endpoints_match_backend(arms: dict[str, Arm], backend: str) -> list[Problem]:
