@@ -10,6 +10,7 @@ with no schema in kubernetes-validate: its shape is checked against KubeRay's do
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -133,12 +134,13 @@ def check_chart() -> None:
 def test_chart_lints_strictly_and_every_rendered_object_validates() -> None:
     check_chart()
     kinds = sorted(o["kind"] for o in render())
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "RayCluster", "Role",
-                     "RoleBinding", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "RayCluster", "Role",
+                     "RoleBinding", "Secret", "ServiceAccount"]
     values = {"imagePullSecrets": ["regcred"], "gpuPools": {"H100-SXM": 16, "H200": 0},
               "state": {"existingClaim": "orch-state"}, "database": {"migrate": False},
               "serviceAccount": {"create": False, "name": "existing"}, "rbac": {"create": False},
-              "nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}]}
+              "nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+              "rayAuth": {"existingSecret": "my-ray-token"}, "networkPolicy": {"enabled": False}}
     objs = render(values)
     assert sorted(o["kind"] for o in objs) == ["Deployment", "RayCluster"]
     for obj in objs:
@@ -324,3 +326,71 @@ def test_rbac_grants_what_the_backend_uses_and_nothing_cluster_wide_but_reading_
     sa = objs["ServiceAccount"]["metadata"]["name"]
     for role, pod in pod_specs(list(objs.values())).items():
         assert pod["serviceAccountName"] == sa, role
+
+
+def _env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_ray_token_auth_is_on_in_every_ray_process_and_client() -> None:
+    """Every container that runs Ray or talks to it (head, both worker groups, the controller)
+    has RAY_AUTH_MODE=token and the token from one Secret: the chart's random one, or the
+    user's; a Ray older than token auth is refused at render time instead of running open."""
+    objs = render()
+    secret = _one(objs, "Secret")
+    token = base64.b64decode(secret["data"]["auth_token"]).decode()
+    assert len(token) == 48 and token.isalnum()
+    assert token != base64.b64decode(_one(render(), "Secret")["data"]["auth_token"]).decode(), "random per install"
+    ref = {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "auth_token"}}
+    for role, pod in pod_specs(objs).items():
+        for c in pod["containers"]:
+            env = _env_of(c)
+            assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == ref, (role, c["name"])
+
+    own = render({"rayAuth": {"existingSecret": "my-ray-token", "secretKey": "token"}})
+    assert "Secret" not in {o["kind"] for o in own}
+    for role, pod in pod_specs(own).items():
+        assert _env_of(pod["containers"][0])["RAY_AUTH_TOKEN"] == {
+            "secretKeyRef": {"name": "my-ray-token", "key": "token"}}, role
+
+    with pytest.raises(helm.HelmError, match=r"needs Ray >= 2.52"):
+        render({"rayVersion": "2.40.0"})
+    open_ray = render({"rayVersion": "2.40.0", "rayAuth": {"enabled": False}})
+    for pod in pod_specs(open_ray).values():
+        assert "RAY_AUTH_MODE" not in _env_of(pod["containers"][0])
+
+
+def test_dashboard_listens_in_the_head_pod_only() -> None:
+    head = _one(render(), "RayCluster")["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    exposed = _one(render({"head": {"dashboardHost": "0.0.0.0"}}), "RayCluster")["spec"]["headGroupSpec"]
+    assert exposed["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_network_policy_admits_only_the_charts_own_pods() -> None:
+    """The policy selects every pod of the chart (head, workers, controller) and admits traffic
+    from those pods only (and the peers the user lists); the arms' pods are not selected."""
+    objs = render()
+    policy = _one(objs, "NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress"]  # egress stays open: arms, database, API server
+    ray = _one(objs, "RayCluster")["spec"]
+    templates = [ray["headGroupSpec"]["template"], *(g["template"] for g in ray["workerGroupSpecs"]),
+                 _one(objs, "Deployment")["spec"]["template"]]
+    for t in templates:
+        assert _matches(policy["podSelector"], t["metadata"]["labels"]), t["metadata"]["labels"]
+    (rule,) = policy["ingress"]
+    assert "ports" not in rule and len(rule["from"]) == 1
+    assert _matches(rule["from"][0]["podSelector"], templates[0]["metadata"]["labels"])
+    router = yaml.safe_load((ROOT / "manifests" / "router.yaml").read_text())
+    assert not _matches(policy["podSelector"], router["spec"]["template"]["metadata"]["labels"])
+    other_release = {**templates[0]["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
+    assert not _matches(policy["podSelector"], other_release)
+
+    prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    extra = _one(render({"networkPolicy": {"extraIngressFrom": [prom]}}), "NetworkPolicy")
+    assert extra["spec"]["ingress"][0]["from"][1] == prom
+    assert_valid_object(extra)

@@ -95,6 +95,28 @@ where run state goes. */}}
       fieldPath: metadata.namespace
 - name: ORCH_STATE_DIR
   value: /var/lib/orchestrator/state
+{{- include "orchestrator.rayAuthEnv" . }}
+{{- end -}}
+
+{{/* The Secret holding Ray's auth token: the user's, or the one the chart makes. */}}
+{{- define "orchestrator.rayAuthSecret" -}}
+{{- .Values.rayAuth.existingSecret | default (printf "%s-ray-auth" (include "orchestrator.fullname" .)) -}}
+{{- end -}}
+
+{{/* Ray token authentication (Ray >= 2.52): the same token in every Ray process and client. */}}
+{{- define "orchestrator.rayAuthEnv" -}}
+{{- if .Values.rayAuth.enabled }}
+{{- if semverCompare "<2.52.0-0" .Values.rayVersion }}
+{{- fail (printf "rayAuth.enabled needs Ray >= 2.52 (token authentication); rayVersion is %s: rebuild the image with a newer RAY_VERSION or set rayAuth.enabled=false on a network you trust" .Values.rayVersion) }}
+{{- end }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "orchestrator.rayAuthSecret" . }}
+      key: {{ .Values.rayAuth.secretKey }}
+{{- end }}
 {{- end -}}
 
 {{- define "orchestrator.stateMount" -}}
