@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from orchestrator.cli.apps import JSON_OPTION, app
-from orchestrator.cli.output import emit_json, say
+from orchestrator.cli.output import emit_json, say, warn
 from orchestrator.errors import UserError
 from orchestrator.plan import load_plan_file, plan_from_canonical
 
@@ -60,6 +60,31 @@ def _print_outcome(doc: dict) -> None:
         say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
 
 
+YES_OPTION = typer.Option(False, "--yes", "-y", help="Run even if the dry run predicts a bar's power "
+                          "below 50% (interactive terminals ask otherwise).")
+ALLOW_LOW_POWER_OPTION = typer.Option(False, "--allow-low-power", help="Run even if the dry run predicts a "
+                                      "bar's power below 50% (a non-interactive run refuses otherwise).")
+
+
+def _check_power(plan, yes: bool, allow_low_power: bool) -> None:
+    """Issue 21: a run whose bars the dry run predicts it cannot judge costs GPU-hours for an
+    INCONCLUSIVE; say so first, and ask (a terminal) or refuse (a script) unless told to go on."""
+    from orchestrator.control.dryrun import power_check
+
+    check = power_check(plan)
+    if check.ok:
+        return
+    if yes or allow_low_power:
+        warn(check.message())
+        return
+    if sys.stdin.isatty():
+        warn(check.message())
+        if typer.confirm("run anyway?", default=False, err=True):
+            return
+        raise UserError("not run: low predicted power (--yes runs it anyway)")
+    raise UserError(f"{check.message()}; not run: pass --allow-low-power to run anyway")
+
+
 @app.command("run")
 def run(
     file: Path = typer.Argument(..., help="Plan file (YAML)."),
@@ -69,6 +94,8 @@ def run(
     name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
     take_over: bool = typer.Option(False, "--take-over", help="Resume an experiment whose controller "
                                    "died (never one whose controller is alive: that is refused)."),
+    yes: bool = YES_OPTION,
+    allow_low_power: bool = ALLOW_LOW_POWER_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Register the plan if needed, run it (or resume it) here, print the verdicts."""
@@ -76,6 +103,7 @@ def run(
     from orchestrator.store import Store
 
     plan = load_plan_file(file)
+    _check_power(plan, yes, allow_low_power)
     with Store.open() as store:
         out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name, take_over=take_over)
         doc = _outcome_doc(store, out)
@@ -95,6 +123,9 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     from orchestrator.report import write_report
 
     plan = load_plan_file(QUICKSTART)
+    # The demo shows the pipeline end to end, not a verdict: its simulator predicts the bar
+    # fails, which the warning says (README).
+    _check_power(plan, yes=False, allow_low_power=True)
     with Store.open() as store:
         out = run_plan(plan, store, new=True)
         doc = _outcome_doc(store, out)
@@ -258,6 +289,8 @@ def submit(
     file: Path = typer.Argument(..., help="Plan file (YAML)."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: RAY_ADDRESS)."),
     name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
+    yes: bool = YES_OPTION,
+    allow_low_power: bool = ALLOW_LOW_POWER_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Queue the plan on the cluster's Ray controller; it starts when its GPUs are free."""
@@ -271,6 +304,7 @@ def submit(
     plan = load_plan_file(file)
     connect(address)
     try:
+        _check_power(plan, yes, allow_low_power)  # after connect: an unreachable cluster is exit 2 first
         url = default_url()
         ctl = controller(url, str(state_dir()))
         res = ray.get(ctl.submit.remote(plan.model_dump(mode="json", by_alias=True), name, url))

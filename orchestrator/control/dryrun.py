@@ -21,12 +21,18 @@ cool-down and drain) for each block.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from platformdirs import user_cache_dir
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
@@ -467,3 +473,91 @@ def _interp_loglog(curve: Sequence[tuple[float, float]], x: float) -> float:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+# --- the pre-run power check (issue 21) ---------------------------------------------------
+
+# A bar whose predicted power with the plan's blocks is below this is a run that probably
+# cannot answer its question: `orch run` and `orch submit` say so and ask before spending
+# GPU-hours. 0.5: the run is more likely than not to end INCONCLUSIVE or REJECT.
+LOW_POWER = 0.5
+# Part of the cache key of a dry run: change it when the simulator's predictions change.
+MODEL_REVISION = "issue-21-step-model"
+POWER_CHECK_REPLICATIONS = 200
+
+
+def dry_run_cache_dir() -> Path:
+    """Where dry runs are cached: ORCH_CACHE_DIR or the user's cache directory."""
+    root = os.environ.get("ORCH_CACHE_DIR") or user_cache_dir("orchestrator")
+    return Path(root) / "dryrun"
+
+
+@dataclass(frozen=True)
+class PowerCheck:
+    """The bars a plan's dry run predicts too weak to judge with the plan's blocks."""
+
+    sha256: str
+    blocks: int
+    gpu_hours: float
+    low: tuple[dict[str, Any], ...]  # BarPrediction.to_dict() of each bar under LOW_POWER
+    skipped: str | None = None  # why no dry run could judge the plan (then nothing is low)
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.low
+
+    def message(self) -> str:
+        """One line: each low bar, the blocks it would need and their GPU-hours."""
+        key = f"blocks_for_{int(TARGET_POWER * 100)}pct_power"
+        parts = []
+        for b in self.low:
+            cmp_ = ">=" if b["direction"] == "at_least" else "<="
+            est = "B/A " + ("-" if b["estimate"] is None else f"{b['estimate']:.3f}")
+            if b["lower"] is not None and b["upper"] is not None:
+                est += f" [{b['lower']:.3f}, {b['upper']:.3f}]"
+            need = b[key]
+            if need:
+                more = f"{need} blocks for {TARGET_POWER:.0%} power (~{self.gpu_hours / self.blocks * need:.2f} GPU-hours)"
+            else:
+                more = f"no number of blocks reaches {TARGET_POWER:.0%} power ({b['blocks_note'] or 'see plan simulate'})"
+            parts.append(f"bar {b['id']}: predicted power {b['power']:.0%} with {self.blocks} block(s), "
+                         f"{est} against {cmp_} {b['threshold']:g}; {more}")
+        return ("low predicted power: " + "; ".join(parts)
+                + f"; this run: {self.gpu_hours:.2f} GPU-hours (`orch plan simulate` for details)")
+
+
+def power_check(plan: Plan, cache_dir: Path | None = None) -> PowerCheck:
+    """The plan's dry run (cached by plan hash), reduced to its bars of low power."""
+    sha = plan_hash(plan)
+    if not plan.bars:
+        return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped="the plan has no bars")
+    if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
+        return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped="the simulator cannot predict this plan "
+                          "(closed loop or external arms)")
+    path = (cache_dir or dry_run_cache_dir()) / f"{sha}-{MODEL_REVISION}-{POWER_CHECK_REPLICATIONS}.json"
+    cached = True
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = False
+        try:
+            result = simulate_plan(plan, replications=POWER_CHECK_REPLICATIONS)
+        except ValueError as e:  # e.g. no spread between blocks in the model
+            return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped=f"dry run: {e}")
+        doc = {"gpu_hours": result.gpu_hours, "bars": [b.to_dict() for b in result.bars]}
+        _write_atomic(path, json.dumps(doc))
+    low = tuple(b for b in doc["bars"] if b["power"] < LOW_POWER)
+    return PowerCheck(sha, plan.design.blocks, float(doc["gpu_hours"]), low, cached=cached)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Concurrent runs of one plan may race to fill the cache; a reader never sees half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a cache that cannot be written only costs the next run another dry run

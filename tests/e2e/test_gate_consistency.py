@@ -40,7 +40,7 @@ def test_gate_code_of_run_and_verdict_agree_when_back_to_back_fails(tmp_path: Pa
     db = f"sqlite:///{tmp_path / 'orch.sqlite'}"
     env = {"ORCH_DATABASE_URL": db, "ORCH_STATE_DIR": str(tmp_path / "state"), "ORCH_SKIP_CALIBRATION": "1"}
 
-    run = orch("run", str(plan_file), "--json", env=env)
+    run = orch("run", str(plan_file), "--json", "--allow-low-power", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout)
     assert {r["arm"] for r in doc["runs"] if r["valid"]} == {"A", "B"}, doc["runs"]

@@ -40,7 +40,7 @@ def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing
     nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
     with EmulatedCluster(nodes=nodes) as cluster:
         env = _env(cluster, tmp_path)
-        r = orch(env, "run", str(PLAN), "--backend", "kubernetes", "--json")
+        r = orch(env, "run", str(PLAN), "--backend", "kubernetes", "--json", "--allow-low-power")
         assert r.returncode == 0, r.stderr[-4000:]
         doc = json.loads(r.stdout)
         # Start-up progress was shown while the pods came up.

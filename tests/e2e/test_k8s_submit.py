@@ -83,7 +83,7 @@ def test_submit_kill_and_restart_of_the_controller_resumes_without_duplicates(tm
                 return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                                  for p in (head_log, serve_log) if p.exists())
 
-            sub = orch(env, "submit", str(PLAN), "--address", address, "--json")
+            sub = orch(env, "submit", str(PLAN), "--address", address, "--json", "--allow-low-power")
             assert sub.returncode == 0, sub.stderr[-3000:]
             doc = json.loads(sub.stdout)
             exp_id = int(doc["experiment_id"])
