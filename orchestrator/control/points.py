@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from orchestrator.analysis.guards import GuardResult, PointContext, run_guards
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
@@ -19,6 +21,7 @@ from orchestrator.control.spool import SpoolingSink
 from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
 from orchestrator.loadgen.scrape import Sample, parse_metrics
+from orchestrator.loadgen.sessions import run_sessions
 from orchestrator.loadgen.workloads import (
     RequestSpec,
     build_requests,
@@ -224,6 +227,8 @@ class PointRunner:
         duration = s.warmup_s + s.point_s + s.cooldown_s
         assert plan.workload.arrival is not None
         offsets = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
+        if plan.workload.sessions is not None:
+            return self._measure_sessions(dep, run_id, arm, seq, rate, search_class, seed, offsets)
         requests = build_requests(plan.workload, len(offsets), seed)
         phases = point_phases(offsets, s.warmup_s, s.point_s)
         started = time.time()
@@ -243,6 +248,34 @@ class PointRunner:
             ))
         return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
                               sink, before, before_t, during, started, seed, offered_rate=rate)
+
+    def _measure_sessions(self, dep: Deployment, run_id: int, arm: str, seq: int, rate: float,
+                          search_class: str | None, seed: int, starts: np.ndarray) -> PointOutcome:
+        """An open-loop point of live sessions: ``rate`` starts sessions per second; later turns
+        follow the replies, so the requests are known only as they are sent."""
+        plan, s = self.plan, self.plan.search
+        duration = s.warmup_s + s.point_s + s.cooldown_s
+        started = time.time()
+        point_id = self.store.record_point(
+            run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
+            offered_rate=rate, n_scheduled=None, valid=False, search_class=search_class,
+        )
+        sink = SpoolingSink(self.store, point_id, self.spool_dir)
+        sent: list[RequestSpec] = []
+        settle(self.backend, dep)
+        before_t, before = time.time(), scrape_samples(self.backend, dep)
+        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
+            summary = asyncio.run(run_sessions(
+                dep.endpoint.url, dep.endpoint.model, plan.workload, starts, seed=seed,
+                duration_s=duration, warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
+                sink=sink, request_timeout_s=duration + drain_seconds(plan),
+                deadline_s=duration + drain_seconds(plan), keep_records=True,
+                headers=dict(dep.endpoint.headers), sent=sent,
+            ))
+        sent.sort(key=lambda spec: spec.request_id)
+        return self._conclude(dep, run_id, arm, point_id, rate, search_class, sent, summary, sink,
+                              before, before_t, during, started, seed, offered_rate=None,
+                              loop={"kind": "sessions", "sessions_per_s": rate})
 
     def measure_closed(self, dep: Deployment, run_id: int, arm: str, block: int, seq: int,
                        attempt: int = 0) -> PointOutcome:
@@ -278,13 +311,14 @@ class PointRunner:
                 keep_records=True, headers=dict(dep.endpoint.headers),
             ))
         return self._conclude(dep, run_id, arm, point_id, 0.0, None, taken, summary, sink, before,
-                              before_t, during, started, seed, offered_rate=None, users=closed.users)
+                              before_t, during, started, seed, offered_rate=None,
+                              loop={"kind": "closed", "users": closed.users})
 
     def _conclude(self, dep: Deployment, run_id: int, arm: str, point_id: int, rate: float,
                   search_class: str | None, requests: Sequence[RequestSpec], summary: PointSummary,
                   sink: SpoolingSink, before: list[Sample], before_t: float, during: DuringScraper,
                   started: float, seed: int, offered_rate: float | None,
-                  users: int | None = None) -> PointOutcome:
+                  loop: dict[str, Any] | None = None) -> PointOutcome:
         """Metrics, guards and storage of a point that has run (open or closed loop)."""
         plan, s = self.plan, self.plan.search
         after_t, after = time.time(), scrape_samples(self.backend, dep)
@@ -316,8 +350,8 @@ class PointRunner:
             "sim_lateness_p99_s": context.sim_lateness_p99_s,
             "access_path_p99_s": context.access_path_p99_s,
         }
-        if users is not None:  # no schedule: the count judged is the users' sends in the window
-            context_doc["loop"] = {"kind": "closed", "users": users, "n_in_window": n_measured}
+        if loop is not None:  # no fixed schedule: the count judged is what became due in the window
+            context_doc["loop"] = {**loop, "n_in_window": n_measured}
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
             per_class=doc["per_class"],

@@ -70,10 +70,11 @@ def endpoint_path(api: Api) -> str:
 class _StreamState:
     """Parses SSE lines into the record as they arrive."""
 
-    __slots__ = ("rec", "clock", "chat", "done", "last", "max_gap", "hasher", "tail")
+    __slots__ = ("rec", "clock", "chat", "done", "last", "max_gap", "hasher", "tail", "text")
 
-    def __init__(self, rec: RequestRecord, clock: Clock, chat: bool):
+    def __init__(self, rec: RequestRecord, clock: Clock, chat: bool, text: list[str] | None = None):
         self.rec, self.clock, self.chat = rec, clock, chat
+        self.text = text  # the returned text's pieces, when the caller keeps them (sessions)
         self.done = False
         self.last: float | None = None
         self.max_gap = 0.0
@@ -112,6 +113,8 @@ class _StreamState:
                 rec.last_token_s = now
                 rec.chunks += 1
                 self.hasher.update(text.encode())
+                if self.text is not None:
+                    self.text.append(text)
         usage = doc.get("usage")
         if usage:
             self.rec.output_tokens = usage.get("completion_tokens")
@@ -132,7 +135,7 @@ class _StreamState:
 class StreamingClient(Protocol):
     """What the runner needs from a transport."""
 
-    async def stream(self, spec: RequestSpec, rec: RequestRecord) -> None: ...
+    async def stream(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None: ...
 
     async def warm(self, connections: int) -> None: ...
 
@@ -180,9 +183,9 @@ class AiohttpClient(_Base):
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
-    async def stream(self, spec: RequestSpec, rec: RequestRecord) -> None:
+    async def stream(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None:
         body = request_body(spec, self.model, self.api)
-        st = _StreamState(rec, self.clock, self.chat)
+        st = _StreamState(rec, self.clock, self.chat, text)
         rec.sent_s = self.clock.now()
         try:
             async with self._session().post(
@@ -225,9 +228,9 @@ class HttpxClient(_Base):
 
         await asyncio.gather(*(one() for _ in range(connections)))
 
-    async def stream(self, spec: RequestSpec, rec: RequestRecord) -> None:
+    async def stream(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None:
         body = request_body(spec, self.model, self.api)
-        st = _StreamState(rec, self.clock, self.chat)
+        st = _StreamState(rec, self.clock, self.chat, text)
         rec.sent_s = self.clock.now()
         try:
             async with self.client.stream(
@@ -236,8 +239,8 @@ class HttpxClient(_Base):
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
                     rec.status = "http_error"
-                    text = (await resp.aread()).decode(errors="replace")
-                    rec.error = text[:ERROR_TEXT_MAX] or resp.reason_phrase
+                    body_text = (await resp.aread()).decode(errors="replace")
+                    rec.error = body_text[:ERROR_TEXT_MAX] or resp.reason_phrase
                     return
                 async for data in resp.aiter_raw():
                     st.feed(data)

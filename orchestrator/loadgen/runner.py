@@ -171,10 +171,10 @@ class _Point:
         self.client, self.batcher, self.timeout = client, batcher, request_timeout_s
         self.inflight: set[asyncio.Task[None]] = set()
 
-    async def execute(self, spec: RequestSpec, rec: RequestRecord) -> None:
+    async def execute(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None:
         try:
             async with asyncio.timeout(self.timeout):
-                await self.client.stream(spec, rec)
+                await self.client.stream(spec, rec, text) if text is not None else await self.client.stream(spec, rec)
         except TimeoutError:
             rec.status, rec.error = "timeout", f"no complete reply within {self.timeout:g} s"
         except asyncio.CancelledError:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.plan.workload import OpenLoop
+from orchestrator.plan.workload import OpenLoop, ThinkTime
 from orchestrator.records import Phase
 
 WARMUP: Phase = "warmup"
@@ -58,6 +58,20 @@ def open_loop_offsets(arrival: OpenLoop, rate: float, duration_s: float, seed: i
         t = float(times[-1])
     offsets = np.concatenate(parts)
     return offsets[offsets < duration_s]
+
+
+def think_time(think: ThinkTime, seed: int, session: int, turn: int) -> float:
+    """A session's pause before ``turn``, s: drawn from (seed, session, turn) alone, so it does not
+    depend on the order in which replies happened to arrive."""
+    if think.mean_s == 0 or think.dist == "fixed":
+        return think.mean_s
+    rng = np.random.default_rng(derive_seed(seed, "think", session, turn))
+    if think.dist == "exponential":
+        return float(rng.exponential(think.mean_s))
+    if think.dist == "lognormal":
+        mu = np.log(think.mean_s) - think.sigma**2 / 2
+        return float(rng.lognormal(mu, think.sigma))
+    return float(rng.uniform(think.mean_s * (1 - think.sigma), think.mean_s * (1 + think.sigma)))
 
 
 def schedule_hash(offsets: Sequence[float] | np.ndarray) -> str:

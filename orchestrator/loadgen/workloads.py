@@ -149,6 +149,49 @@ class _Conversation:
         return self.segments[:keep]
 
 
+class LiveSession(_Conversation):
+    """A session whose later turns carry the reply the server actually returned (sessions):
+    turn t+1 = turn t's prompt + that reply + new user words from the session's own stream."""
+
+    def __init__(self, workload: Workload, session_id: int, seed: int, prefix: list[str]):
+        super().__init__(workload, session_id, seed, prefix)
+        self.session_id, self.prefix, self.turn = session_id, prefix, 0
+
+    def first(self, request_id: int) -> RequestSpec:
+        return _spec(self.workload, request_id, self.session_id, 0, self.segments, self.prefix)
+
+    def after_reply(self, reply_text: str, request_id: int) -> RequestSpec:
+        """The next turn, once ``reply_text`` (the previous turn's returned text) is in."""
+        self.segments.append(("assistant", reply_text.split()))
+        self.segments.append(("user", _words(self.rng, self._followup_len())))
+        self.turn += 1
+        return _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix)
+
+    def _followup_len(self) -> int:
+        follow = self.workload.prompts.followup_tokens
+        if follow is not None:
+            return int(sample_lengths(follow, 1, self.rng)[0])
+        first = int(sample_lengths(self.workload.prompts.input_tokens, 1, self.rng)[0])
+        return max(1, first - shared_prefix_tokens(self.workload))
+
+
+def _spec(workload: Workload, request_id: int, cid: int, turn: int,
+          segments: Sequence[tuple[str, list[str]]], prefix: Sequence[str]) -> RequestSpec:
+    words = [w for _, seg in segments for w in seg]
+    chat = workload.api == "chat"
+    return RequestSpec(
+        request_id=request_id,
+        conversation_id=cid,
+        turn=turn,
+        prompt=" ".join(words),
+        prompt_tokens=len(words),
+        shared_prefix_tokens=len(prefix),
+        max_tokens=workload.output_tokens,
+        prompt_hash=_hash(words[len(prefix) :]),
+        messages=tuple((role, " ".join(seg)) for role, seg in segments) if chat else (),
+    )
+
+
 class _Slots:
     """(conversation_id, turn) of each request: round r of a generation sends turn r of every
     conversation of that generation, in an order shuffled per round (from the seed), so the gap
@@ -176,7 +219,6 @@ def iter_requests(workload: Workload, seed: int) -> Iterator[RequestSpec]:
     is taken, so a closed loop (which cannot know its count up front) takes what it needs."""
     p = workload.prompts
     prefix = shared_prefix_words(workload, seed)
-    chat = workload.api == "chat"
     slots = _Slots(p.conversations, p.turns, seed)
     convs: dict[int, _Conversation] = {}
     for i in itertools.count():
@@ -184,20 +226,7 @@ def iter_requests(workload: Workload, seed: int) -> Iterator[RequestSpec]:
         conv = convs.get(cid)
         if conv is None:
             conv = convs[cid] = _Conversation(workload, cid, seed, prefix)
-        segments = conv.turn_segments(turn)
-        words = [w for _, seg in segments for w in seg]
-        messages = tuple((role, " ".join(seg)) for role, seg in segments) if chat else ()
-        yield RequestSpec(
-            request_id=i,
-            conversation_id=cid,
-            turn=turn,
-            prompt=" ".join(words),
-            prompt_tokens=len(words),
-            shared_prefix_tokens=len(prefix),
-            max_tokens=workload.output_tokens,
-            prompt_hash=_hash(words[len(prefix) :]),
-            messages=messages,
-        )
+        yield _spec(workload, i, cid, turn, conv.turn_segments(turn), prefix)
         if turn == p.turns - 1:
             del convs[cid]  # its last turn: free the history
 

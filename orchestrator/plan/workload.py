@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
+
+OPTIONAL_LATER_FIELDS = ("sessions", "source")
 
 
 class LengthDist(StrictModel):
@@ -59,6 +61,33 @@ class ClosedLoop(StrictModel):
     ramp_up_s: float = Field(default=0.0, ge=0, le=86_400, description="Users start evenly over this time, s (at most 86400).")
 
 
+class ThinkTime(StrictModel):
+    """A user's pause between a reply's arrival and the session's next turn, s."""
+
+    mean_s: float = Field(default=0.0, ge=0, le=86_400, description="Mean pause, s (at most 86400).")
+    dist: Literal["fixed", "exponential", "lognormal", "uniform"] = Field(
+        default="fixed", description="Shape of the distribution (mean is `mean_s`)."
+    )
+    sigma: float = Field(
+        default=0.0, ge=0, le=4,
+        description="lognormal: sigma of the log (at most 4); uniform: half-width as a share of the mean (below 1).",
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> ThinkTime:
+        if self.dist == "uniform" and self.sigma >= 1:
+            raise CrossFieldError([("sigma", "uniform half-width share must be < 1")])
+        return self
+
+
+class Sessions(StrictModel):
+    """Live multi-turn sessions: a session starts on the open-loop clock (``arrival``); each
+    next turn is due when the previous reply has arrived plus a think time, and carries the
+    returned text in its history (``prompts.turns`` turns per session)."""
+
+    think: ThinkTime = Field(default_factory=ThinkTime, description="Pause before each later turn.")
+
+
 class PromptSpec(StrictModel):
     """What the prompts look like."""
 
@@ -84,6 +113,11 @@ class Workload(StrictModel):
         default=None, description="Open-loop arrivals (default poisson when `closed` is absent)."
     )
     closed: ClosedLoop | None = Field(default=None, description="Closed-loop users instead of arrivals.")
+    sessions: Sessions | None = Field(
+        default=None,
+        description="Live sessions: `arrival` starts sessions (the search's rate is sessions/s); "
+        "each later turn waits for the previous reply plus a think time and carries its text.",
+    )
     prompts: PromptSpec = Field(description="Prompt lengths, sharing and conversations.")
     output_tokens: int = Field(
         ge=1, le=1_000_000, description="Reply length, enforced with max_tokens + ignore_eos and checked (at most 1000000)."
@@ -101,7 +135,21 @@ class Workload(StrictModel):
     def _one_loop(self) -> Workload:
         if self.arrival is not None and self.closed is not None:
             raise CrossFieldError([("closed", "give either `arrival` (open loop) or `closed`, not both")])
+        if self.sessions is not None and self.closed is not None:
+            raise CrossFieldError([("sessions", "sessions start on the open-loop clock (`arrival`); "
+                                                "remove `closed` or `sessions`")])
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_new_fields(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Fields added after plans were registered are left out while unset, so every earlier
+        # plan keeps its canonical JSON and hash.
+        out = handler(self)
+        if isinstance(out, dict):
+            for key in OPTIONAL_LATER_FIELDS:
+                if out.get(key) is None:
+                    out.pop(key, None)
+        return out
 
     @property
     def open_loop(self) -> bool:
