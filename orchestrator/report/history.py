@@ -1,22 +1,39 @@
-"""History views over every experiment: capacity over time per configuration."""
+"""History views over every experiment: capacity over time per comparable group."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from orchestrator.report import plots
 
+# The key columns of store.history.capacity_by_config a trend is drawn per (never pooled).
+TREND_KEYS = ("workload_sha256", "ttft_ms", "tpot_ms", "backend", "simulated")
+
 
 def capacity_trends(store, by_config: pd.DataFrame, since_days: float | None = None) -> pd.DataFrame:
-    """Run-by-run capacity of every (configuration, class) in ``by_config`` (rows of
-    store.capacity_by_config), oldest first, with the configuration's label beside it."""
+    """Run-by-run capacity of every comparable group in ``by_config`` (rows of
+    store.capacity_by_config: configuration, class, workload, limits, backend, simulated), oldest
+    first, with the configuration's label (marked when simulated) beside it."""
     parts = []
-    for (config_id, cls), g in by_config.groupby(["config_id", "class"], sort=True):
-        trend = store.config_trend(int(config_id), cls, since_days)
+    keys = [k for k in TREND_KEYS if k in by_config.columns]
+    for group_key, g in by_config.groupby(["config_id", "class", *keys], sort=True):
+        config_id, cls, *values = group_key
+        filters = {k: v for k, v in zip(keys, values, strict=True)}
+        found = {}
+        if "workload_sha256" in filters:
+            found["workload"] = filters["workload_sha256"] or None
+        if "simulated" in filters:
+            found["simulated"] = bool(filters["simulated"])
+        for k in ("ttft_ms", "tpot_ms", "backend"):
+            if filters.get(k):
+                found[k] = filters[k]
+        trend = store.config_trend(int(config_id), cls, since_days, **found)
         if not trend.empty:
-            parts.append(trend.assign(config_id=int(config_id), label=g["label"].iloc[0]))
+            label = g["label"].iloc[0] + (" [simulated]" if found.get("simulated") else "")
+            parts.append(trend.assign(config_id=int(config_id), label=label))
     if not parts:
         return pd.DataFrame(columns=["measured_at", "run_id", "experiment", "class", "capacity",
                                      "at_rate", "attainment", "engine_version", "config_id", "label"])
@@ -25,8 +42,140 @@ def capacity_trends(store, by_config: pd.DataFrame, since_days: float | None = N
 
 def plot_capacity_history(store, by_config: pd.DataFrame, path: str | Path,
                           since_days: float | None = None) -> Path | None:
-    """Draw capacity over time per configuration and class into ``path`` (PNG); None when no
-    valid run matches."""
+    """Draw capacity over time per comparable group into ``path`` (PNG); None when no valid run
+    matches."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     return plots.capacity_history(capacity_trends(store, by_config, since_days), out)
+
+
+# -- sizing: what history says it takes to serve a rate (`orch capacity plan`) ----------------
+
+# USD per GPU-hour, on demand. Source: the "specialty cloud" tier of mercatus-ai.com's cloud GPU
+# pricing guide (May 2026; H100 SXM5 $2.50-3.50, H200 SXM5 $3.50-4.50): the midpoints. H100 PCIe
+# is not listed there: $2.50, the low end of the H100 range, is an assumption. Prices move and
+# differ by provider and commitment: override them in a prices file.
+DEFAULT_GPU_PRICES: dict[str, float] = {"H100-PCIe": 2.50, "H100-SXM": 3.00, "H200": 4.00}
+PRICE_SOURCE = ("on-demand midpoints of the specialty-cloud tier, mercatus-ai.com/blog/cloud-gpu-pricing "
+                "(May 2026); H100-PCIe assumed at the low end of the H100 range")
+# Evidence is thin below this many runs, past this age, or with a spread this wide.
+THIN_MIN_RUNS = 3
+THIN_MAX_AGE_DAYS = 90.0
+THIN_SPREAD = 0.25
+SIZING_COLUMNS = (
+    "rank", "config_id", "label", "gpu", "layout", "simulated", "engine_version", "runs", "median", "p25",
+    "p75", "spread", "copies", "copies_low", "copies_high", "shape", "gpus", "gpu_hours_day",
+    "price_gpu_hour", "cost_day", "cost_day_low", "cost_day_high", "usd_per_m_output_tokens",
+    "last_measured", "thin",
+)
+
+
+def _shape(cfg: dict, copies: int) -> str:
+    if cfg.get("layout") == "disaggregated" and cfg.get("prefill_replicas") and cfg.get("decode_replicas"):
+        return (f"{copies * cfg['prefill_replicas']}P(TP{cfg['prefill_tp']})"
+                f"+{copies * cfg['decode_replicas']}D(TP{cfg['decode_tp']})")
+    if cfg.get("replicas"):
+        return f"{copies * cfg['replicas']} replicas x TP{cfg.get('tp', 1)}"
+    return f"{copies} x ({cfg.get('gpus', '?')} GPUs)"
+
+
+def size_configurations(
+    by_config: pd.DataFrame, shapes: dict[int, dict], *, rate: float, output_tokens: float,
+    prices: dict[str, float], headroom: float = 0.0, engine_version: str | None = None,
+    now: pd.Timestamp | None = None,
+) -> pd.DataFrame:
+    """Rank the comparable groups of ``by_config`` (one workload, one class, its limits) by what
+    serving ``rate`` requests/s of ``output_tokens`` replies costs.
+
+    A group's measured deployment is copied ``copies = ceil(rate x output_tokens x (1 +
+    headroom) / median capacity)`` times (capacity: goodput tok/s at >= 90% attainment; copies
+    scale linearly behind a router, an assumption); the quartiles give the range (p75: fewest
+    copies, p25: most). GPUs = copies x the configuration's GPUs; GPU-hours per day = GPUs x 24;
+    cost per day at the GPU's price; USD per million output tokens = cost per hour / (output
+    tokens served per hour / 1e6). Ranked by cost per day (unpriced GPUs last, by GPUs), then
+    GPUs, then configuration id. ``thin`` lists why the evidence is weak: few runs, old runs,
+    another engine version than ``engine_version`` (default: the newest measured among the
+    groups), a wide spread, a simulator prediction."""
+    if by_config.empty:
+        return pd.DataFrame(columns=list(SIZING_COLUMNS))
+    now = now if now is not None else pd.Timestamp.now(tz="UTC")
+    need = rate * output_tokens * (1.0 + headroom)
+    served_per_hour_m = rate * output_tokens * 3600 / 1e6
+    if engine_version is None:
+        measured = by_config[~by_config["simulated"].astype(bool)]
+        pool = measured if not measured.empty else by_config
+        engine_version = str(pool.sort_values("last_measured").iloc[-1]["engine_version"])
+    rows = []
+    for r in by_config.to_dict(orient="records"):
+        cfg = shapes.get(int(r["config_id"]), {})
+        per_copy_gpus = int(cfg.get("gpus") or r.get("gpus") or 1)
+
+        def copies_at(capacity: float) -> int:
+            return max(1, math.ceil(need / capacity - 1e-9)) if capacity > 0 else 0
+
+        copies = copies_at(r["median"])
+        low, high = copies_at(r["p75"]), copies_at(r["p25"])
+        if copies == 0:
+            continue  # a zero capacity serves nothing at any size
+        gpus = copies * per_copy_gpus
+        price = prices.get(str(r["gpu"]))
+        cost = None if price is None else gpus * 24 * price
+        thin = []
+        if r["runs"] < THIN_MIN_RUNS:
+            thin.append(f"few runs ({int(r['runs'])} < {THIN_MIN_RUNS})")
+        last = pd.Timestamp(r["last_measured"]) if r.get("last_measured") is not None else None
+        if last is not None and not pd.isna(last):
+            age = (now - (last if last.tzinfo else last.tz_localize("UTC"))).total_seconds() / 86400
+            if age > THIN_MAX_AGE_DAYS:
+                thin.append(f"old (last run {age:.0f} days ago)")
+        if str(r["engine_version"]) != engine_version:
+            thin.append(f"other engine version ({r['engine_version']}, not {engine_version})")
+        spread = r.get("spread")
+        if spread is not None and not pd.isna(spread) and spread > THIN_SPREAD:
+            thin.append(f"wide spread ({spread:.0%})")
+        if bool(r.get("simulated")):
+            thin.append("simulator prediction, not a measurement")
+        rows.append({
+            "config_id": int(r["config_id"]), "label": r["label"], "gpu": r["gpu"], "layout": r["layout"],
+            "simulated": bool(r.get("simulated")), "engine_version": r["engine_version"], "runs": int(r["runs"]),
+            "median": float(r["median"]), "p25": float(r["p25"]), "p75": float(r["p75"]),
+            "spread": None if spread is None or pd.isna(spread) else float(spread),
+            "copies": copies, "copies_low": low, "copies_high": high, "shape": _shape(cfg, copies),
+            "gpus": gpus, "gpu_hours_day": gpus * 24.0, "price_gpu_hour": price, "cost_day": cost,
+            "cost_day_low": None if price is None else low * per_copy_gpus * 24 * price,
+            "cost_day_high": None if price is None else high * per_copy_gpus * 24 * price,
+            "usd_per_m_output_tokens": None if cost is None else (cost / 24) / served_per_hour_m,
+            "last_measured": last, "thin": thin,
+        })
+    if not rows:
+        return pd.DataFrame(columns=list(SIZING_COLUMNS))
+    frame = pd.DataFrame(rows)
+    frame["_unpriced"] = frame["cost_day"].isna()
+    frame = frame.sort_values(["_unpriced", "cost_day", "gpus", "config_id"], na_position="last", kind="stable")
+    frame = frame.drop(columns="_unpriced").reset_index(drop=True)
+    frame.insert(0, "rank", range(1, len(frame) + 1))
+    return frame[list(SIZING_COLUMNS)]
+
+
+def settle_plan(
+    name: str, model: dict | str, arms: list[dict], workload: dict, service_class: dict, rate_at_capacity: float,
+    backend: str = "kubernetes", blocks: int = 4,
+) -> dict:
+    """The plan (as data, to validate and write) of the experiment that would settle a sizing
+    question: the best candidate (A) against the runner-up (B; A again when there is only one:
+    an A/A run that measures its spread), on the asked workload and class, searching around the
+    rate history puts their capacity at, with a capacity bar B/A >= 1.0."""
+    a = arms[0]
+    b = arms[1] if len(arms) > 1 else arms[0]
+    top = min(100_000.0, max(0.2, rate_at_capacity * 2))
+    return {
+        "name": name,
+        "hypothesis": f"settles `orch capacity plan`: does B's {service_class['name']} capacity reach A's "
+                      "on this workload (fresh runs for thin history)?",
+        "model": model, "arms": {"A": a, "B": b}, "workload": workload, "classes": [service_class],
+        "search": {"rate": {"min": round(top / 8, 4), "max": round(top, 4)}, "precision": 0.05},
+        "design": {"blocks": blocks, "order": "ABBA", "seed": 1},
+        "bars": [{"id": f"{service_class['name']}-capacity", "metric": "capacity", "class": service_class["name"],
+                  "compare": "B/A", "at_least": 1.0, "confidence": 0.95}],
+        "backend": backend,
+    }

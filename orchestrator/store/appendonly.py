@@ -37,14 +37,16 @@ DIGEST_TAG = "orch-run-digest/1"
 # owner owns every table and runs `orch db upgrade`. INSERT everywhere it records, UPDATE only
 # of the columns a run's lifecycle sets, DELETE only of the derived summaries.
 RUNTIME_INSERT = ("plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
-                  "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries")
+                  "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries",
+                  "workload_signatures")
 RUNTIME_UPDATE = {
     "experiments": ("status", "controller_id", "started_at", "finished_at"),
     "runs": ("status", "valid", "invalid_reason", "engine_version", "image_digest", "gpu_type", "nodes",
              "driver", "fingerprint", "finished_at", "digest"),
     "load_points": ("achieved_rate", "throughput_tok_s", "per_class", "percentiles", "context", "valid"),
     "capacities": ("capacity", "at_rate", "attainment", "points_used", "censored", "converged", "upper",
-                   "config_id", "counted", "measured_at"),
+                   "config_id", "counted", "measured_at", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
+                   "simulated", "observed_gpu", "observed_engine"),
     "capacity_summaries": ("runs", "median", "p25", "p75", "min", "max", "last_measured"),
 }
 CAPACITY_FIELDS = ("class_name", "capacity", "at_rate", "attainment", "points_used", "censored",

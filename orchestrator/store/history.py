@@ -16,7 +16,14 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store.models import Capacity, CapacitySummary, DeploymentConfig, Experiment, Run
+from orchestrator.store.models import (
+    Capacity,
+    CapacitySummary,
+    DeploymentConfig,
+    Experiment,
+    Run,
+    WorkloadSignatureRow,
+)
 from orchestrator.store.summaries import point_estimate
 from orchestrator.store.types import utcnow
 
@@ -25,7 +32,14 @@ CONFIG_COLUMNS = (
     "max_num_seqs", "router_policy", "speculative_method", "engine_version",
 )
 STAT_COLUMNS = ("runs", "median", "p25", "p75", "min", "max", "spread", "last_measured")
-BY_CONFIG_COLUMNS = ("config_id", *CONFIG_COLUMNS, "class", *STAT_COLUMNS)
+# The comparable-history keys beside configuration and class (store.keys; DESIGN section 7).
+KEY_COLUMNS = ("ttft_ms", "tpot_ms", "workload_sha256", "backend", "simulated")
+WORKLOAD_COLUMNS = ("workload", "input_mean", "output_tokens")
+BY_CONFIG_COLUMNS = ("config_id", *CONFIG_COLUMNS, "class", *KEY_COLUMNS, *WORKLOAD_COLUMNS, *STAT_COLUMNS)
+# Filters on the keys (and the workload's readable values), and on the observed fingerprint
+# (only the capacities carry those: a filter on them aggregates live).
+KEY_FILTERS = ("workload", "input_tokens", "output_tokens", "simulated", "backend", "ttft_ms", "tpot_ms")
+OBSERVED_FILTERS = ("observed_gpu", "observed_engine")
 
 
 def _config_conditions(
@@ -57,26 +71,81 @@ def _config_conditions(
     return [col == value for col, value in exact.items() if value is not None]
 
 
+def _key_conditions(
+    src: Any,
+    *,
+    workload: str | None = None,
+    input_tokens: tuple[float | None, float | None] | None = None,
+    output_tokens: tuple[float | None, float | None] | None = None,
+    simulated: bool | None = None,
+    backend: str | None = None,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    observed_gpu: str | None = None,
+    observed_engine: str | None = None,
+) -> list[sa.ColumnElement[bool]]:
+    """WHERE clauses on the comparable-history keys of ``src`` (Capacity or CapacitySummary),
+    the workload's values (WorkloadSignatureRow, joined) and the observed fingerprint
+    (Capacity only). ``workload``: a signature or a prefix of it; ranges (lo, hi) inclusive,
+    None an open end; ``observed_gpu``: a substring of the observed GPU products."""
+    ws = WorkloadSignatureRow
+    out: list[sa.ColumnElement[bool]] = []
+    if workload is not None:
+        out.append(src.workload_sha256.startswith(workload.lower(), autoescape=True))
+    for col, bounds in ((ws.input_mean, input_tokens), (ws.output_tokens, output_tokens)):
+        lo, hi = bounds or (None, None)
+        if lo is not None:
+            out.append(col >= lo)
+        if hi is not None:
+            out.append(col <= hi)
+    if simulated is not None:
+        out.append(src.simulated.is_(bool(simulated)))
+    for col, value in ((src.backend, backend), (src.ttft_ms, ttft_ms), (src.tpot_ms, tpot_ms)):
+        if value is not None:
+            out.append(col == value)
+    if observed_gpu is not None:
+        out.append(Capacity.observed_gpu.contains(observed_gpu, autoescape=True))
+    if observed_engine is not None:
+        out.append(Capacity.observed_engine == observed_engine)
+    return out
+
+
+def _split(filters: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(configuration filters, key and observed filters)."""
+    keyed = {k: filters.pop(k) for k in (*KEY_FILTERS, *OBSERVED_FILTERS) if k in filters}
+    return filters, keyed
+
+
 def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.ColumnElement[bool]]:
     """WHERE clauses of the live aggregate: valid finished runs' point estimates (no censored
     or unconverged capacity), the filters, the time range."""
-    out = [Run.valid.is_(True), Run.status == "done", *point_estimate(), *_config_conditions(**filters)]
+    filters, keyed = _split(filters)
+    out = [Run.valid.is_(True), Run.status == "done", *point_estimate(), *_config_conditions(**filters),
+           *_key_conditions(Capacity, **keyed)]
     if since_days is not None:
         out.append(Run.finished_at >= utcnow() - timedelta(days=since_days))
     return out
 
 
-def _counted_conditions(since_days: float, **filters: Any) -> list[sa.ColumnExpressionArgument[bool]]:
-    """WHERE clauses of the time-ranged aggregate, on the capacities' own copies of their run's
+def _counted_conditions(since_days: float | None = None, **filters: Any) -> list[sa.ColumnExpressionArgument[bool]]:
+    """WHERE clauses of the live aggregate, on the capacities' own copies of their run's
     validity and end time (one range of ix_capacities_counted_measured_at, no join to runs)."""
-    return [
-        Capacity.counted, Capacity.measured_at >= utcnow() - timedelta(days=since_days),
-        *_config_conditions(**filters),
-    ]
+    filters, keyed = _split(filters)
+    out: list[sa.ColumnExpressionArgument[bool]] = [Capacity.counted, *_config_conditions(**filters),
+                                                    *_key_conditions(Capacity, **keyed)]
+    if since_days is not None:
+        out.append(Capacity.measured_at >= utcnow() - timedelta(days=since_days))
+    return out
 
 
 def _counted_from() -> Any:
-    return sa.join(Capacity, DeploymentConfig, DeploymentConfig.id == Capacity.config_id)
+    return sa.join(Capacity, DeploymentConfig, DeploymentConfig.id == Capacity.config_id).outerjoin(
+        WorkloadSignatureRow, WorkloadSignatureRow.sha256 == Capacity.workload_sha256)
+
+
+def _workload_columns() -> tuple[Any, ...]:
+    ws = WorkloadSignatureRow
+    return (ws.summary.label("workload"), ws.input_mean, ws.output_tokens)
 
 
 def _base_from() -> Any:
@@ -86,27 +155,34 @@ def _base_from() -> Any:
 
 
 def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
-    """Per configuration and class: runs, median capacity, quartiles, min, max, relative spread
-    ((p75 - p25) / median) and the date last measured. Filters: model, gpu, layout,
-    service_class, since_days, tp, kv_cache_dtype, quantization, max_num_seqs, router_policy,
-    speculative_method, engine_version, config_id."""
+    """Per comparable group (configuration, class and its limits, workload signature, backend,
+    simulated or measured: never pooled across them): runs, median capacity, quartiles, min,
+    max, relative spread ((p75 - p25) / median) and the date last measured, with the workload's
+    readable summary. Filters: model, gpu, layout, service_class, since_days, tp,
+    kv_cache_dtype, quantization, max_num_seqs, router_policy, speculative_method,
+    engine_version, config_id; workload (signature prefix), input_tokens and output_tokens
+    ((lo, hi) ranges of the workload's mean prompt and reply), simulated (True/False; None:
+    both), backend, ttft_ms, tpot_ms; observed_gpu, observed_engine (the run's fingerprint)."""
     dc = DeploymentConfig
-    if filters.get("since_days") is None:
+    live = any(filters.get(k) is not None for k in OBSERVED_FILTERS)
+    if filters.get("since_days") is None and not live:
         frame = _from_summaries(engine, **{k: v for k, v in filters.items() if k != "since_days"})
     elif engine.dialect.name == "postgresql":
         where = _counted_conditions(**filters)
         cap = Capacity.capacity
+        keys = [getattr(Capacity, k) for k in KEY_COLUMNS]
         stmt = (
             sa.select(
                 dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-                Capacity.class_name.label("class"), sa.func.count().label("runs"),
+                Capacity.class_name.label("class"), *keys, *_workload_columns(), sa.func.count().label("runs"),
                 sa.func.percentile_cont(0.5).within_group(cap).label("median"),
                 sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
                 sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
                 sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
                 sa.func.max(Capacity.measured_at).label("last_measured"),
             )
-            .select_from(_counted_from()).where(*where).group_by(dc.id, Capacity.class_name)
+            .select_from(_counted_from()).where(*where)
+            .group_by(dc.id, Capacity.class_name, *keys, WorkloadSignatureRow.sha256)
         )
         with engine.begin() as conn:
             # keep the sort of a long time range in memory (the default 4 MB spills to disk)
@@ -116,21 +192,27 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
         frame = _aggregate_in_pandas(engine, _counted_conditions(**filters))
     if frame.empty:
         return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
+    for k, unknown in (("workload_sha256", ""), ("backend", ""), ("ttft_ms", 0.0), ("tpot_ms", 0.0),
+                       ("simulated", False)):
+        frame[k] = frame[k].where(frame[k].notna(), unknown)  # as the summaries store an unknown key
+    frame["simulated"] = frame["simulated"].astype(bool)
     frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
-    frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True])
+    frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True], kind="stable")
     return frame[list(BY_CONFIG_COLUMNS)].reset_index(drop=True)
 
 
 def _from_summaries(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     dc, cs = DeploymentConfig, CapacitySummary
+    filters, keyed = _split(filters)
     stmt = (
         sa.select(
             dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-            cs.class_name.label("class"), cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max,
-            cs.last_measured,
+            cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS), *_workload_columns(),
+            cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, cs.last_measured,
         )
         .join(dc, dc.id == cs.config_id)
-        .where(*_config_conditions(class_column=cs.class_name, **filters))
+        .outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == cs.workload_sha256)
+        .where(*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed))
     )
     with engine.connect() as conn:
         return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
@@ -141,8 +223,8 @@ def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnExpressionArgum
     stmt = (
         sa.select(
             dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-            Capacity.class_name.label("class"), Capacity.capacity,
-            Capacity.measured_at.label("finished_at"),
+            Capacity.class_name.label("class"), *(getattr(Capacity, k) for k in KEY_COLUMNS),
+            *_workload_columns(), Capacity.capacity, Capacity.measured_at.label("finished_at"),
         )
         .select_from(_counted_from()).where(*where)
     )
@@ -150,14 +232,14 @@ def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnExpressionArgum
         raw = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
     if raw.empty:
         return raw
-    keys = ["config_id", "class"]
+    keys = ["config_id", "class", *KEY_COLUMNS]
     grouped = raw.groupby(keys, sort=False, dropna=False)
     stats = grouped["capacity"].agg(
         runs="count", median="median", p25=lambda s: s.quantile(0.25),
         p75=lambda s: s.quantile(0.75), min="min", max="max",
     )
     stats["last_measured"] = grouped["finished_at"].max()
-    first = grouped[list(CONFIG_COLUMNS)].first()
+    first = grouped[[*CONFIG_COLUMNS, *WORKLOAD_COLUMNS]].first()
     return first.join(stats).reset_index()
 
 
@@ -165,16 +247,18 @@ def capacity_per_gpu(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     """Per GPU type, model and class: capacity per GPU (median capacity / GPUs of the
     configuration) of the best configuration, which one it is, and how much evidence there is."""
     by_config = capacity_by_config(engine, **filters)
-    columns = ["gpu", "model", "class", "configs", "runs", "best_per_gpu", "best_config_id",
-               "best_label", "median_per_gpu", "last_measured"]
+    columns = ["gpu", "model", "class", "workload_sha256", "workload", "simulated", "configs", "runs",
+               "best_per_gpu", "best_config_id", "best_label", "median_per_gpu", "last_measured"]
     if by_config.empty:
         return pd.DataFrame(columns=columns)
     by_config = by_config.assign(per_gpu=by_config["median"] / by_config["gpus"])
     rows = []
-    for (gpu, model, cls), group in by_config.groupby(["gpu", "model", "class"], sort=True):
+    keys = ["gpu", "model", "class", "workload_sha256", "simulated"]
+    for (gpu, model, cls, wl, sim), group in by_config.groupby(keys, sort=True):
         best = group.loc[group["per_gpu"].idxmax()]
         rows.append({
-            "gpu": gpu, "model": model, "class": cls, "configs": len(group),
+            "gpu": gpu, "model": model, "class": cls, "workload_sha256": wl, "workload": best["workload"],
+            "simulated": bool(sim), "configs": len(group),
             "runs": int(group["runs"].sum()), "best_per_gpu": best["per_gpu"],
             "best_config_id": int(best["config_id"]), "best_label": best["label"],
             "median_per_gpu": float(group["per_gpu"].median()),
@@ -196,17 +280,20 @@ def best_config(
 
 
 def config_trend(
-    engine: sa.Engine, config_id: int, service_class: str | None = None, since_days: float | None = None
+    engine: sa.Engine, config_id: int, service_class: str | None = None, since_days: float | None = None,
+    **keys: Any,
 ) -> pd.DataFrame:
-    """A configuration's capacity run by run over time (valid runs only), oldest first."""
-    where = _conditions(config_id=config_id, service_class=service_class, since_days=since_days)
+    """A configuration's capacity run by run over time (valid runs only), oldest first; ``keys``:
+    the key filters of capacity_by_config (workload, simulated, backend, ttft_ms, ...)."""
+    where = _conditions(config_id=config_id, service_class=service_class, since_days=since_days, **keys)
     stmt = (
         sa.select(
             Run.finished_at.label("measured_at"), Run.id.label("run_id"),
             Experiment.name.label("experiment"), Capacity.class_name.label("class"),
             Capacity.capacity, Capacity.at_rate, Capacity.attainment, Run.engine_version,
         )
-        .select_from(_base_from().join(Experiment, Experiment.id == Run.experiment_id))
+        .select_from(_base_from().join(Experiment, Experiment.id == Run.experiment_id).outerjoin(
+            WorkloadSignatureRow, WorkloadSignatureRow.sha256 == Capacity.workload_sha256))
         .where(*where)
         .order_by(Run.finished_at, Run.id, Capacity.class_name)
     )
@@ -214,3 +301,26 @@ def config_trend(
                "engine_version"]
     with engine.connect() as conn:
         return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)], columns=columns)
+
+
+def config_details(engine: sa.Engine, config_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The shape (layout, GPUs, replicas and TP of each pool) and the JSON of configurations."""
+    dc = DeploymentConfig
+    cols = (dc.id, dc.label, dc.model, dc.gpu, dc.layout, dc.gpus, dc.tp, dc.replicas, dc.prefill_replicas,
+            dc.prefill_tp, dc.decode_replicas, dc.decode_tp, dc.engine_version, dc.config)
+    if not config_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(*cols).where(dc.id.in_(sorted(set(config_ids))))).all()
+    return {int(r.id): dict(r._mapping) for r in rows}
+
+
+def workload_signatures(engine: sa.Engine, prefix: str | None = None) -> list[dict[str, Any]]:
+    """Stored workload signatures (all, or those whose sha256 starts with ``prefix``)."""
+    ws = WorkloadSignatureRow
+    stmt = sa.select(ws.sha256, ws.summary, ws.input_mean, ws.input_sd, ws.output_tokens, ws.shared_prefix,
+                     ws.arrival, ws.doc).order_by(ws.sha256)
+    if prefix is not None:
+        stmt = stmt.where(ws.sha256.startswith(prefix.lower(), autoescape=True))
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(stmt)]

@@ -240,6 +240,17 @@ class Capacity(Base):
     config_id: Mapped[int | None] = mapped_column(sa.ForeignKey("deployment_configs.id", ondelete=CASCADE))
     counted: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     measured_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # What makes capacities comparable beyond the configuration (DESIGN section 7; 0007), copied
+    # from the run's registration and fingerprint by the repository (history.keys): the workload
+    # signature, the class's limits, the plan's backend and whether the engine was simulated;
+    # and the observed GPU products and engine version (filters).
+    workload_sha256: Mapped[str | None] = mapped_column(sa.String(64))
+    ttft_ms: Mapped[float | None] = mapped_column(sa.Double)
+    tpot_ms: Mapped[float | None] = mapped_column(sa.Double)
+    backend: Mapped[str | None] = mapped_column(sa.String(20))
+    simulated: Mapped[bool | None] = mapped_column(sa.Boolean)
+    observed_gpu: Mapped[str | None] = mapped_column(sa.String(200))
+    observed_engine: Mapped[str | None] = mapped_column(sa.String(40))
 
 
 class BarVerdict(Base):
@@ -293,10 +304,12 @@ class MetricSample(Base):
 
 
 class CapacitySummary(Base):
-    """Derived, kept by the repository: per configuration and class, the statistics of the
+    """Derived, kept by the repository: per comparable group (configuration, class and its
+    limits, workload signature, backend, simulated or measured), the statistics of the
     capacities of its valid finished runs, so history questions over all time read one row per
-    configuration instead of aggregating every run (`Store.rebuild_capacity_summaries` rebuilds
-    it from the runs if they were edited outside the Store)."""
+    group instead of aggregating every run (`Store.rebuild_capacity_summaries` rebuilds it from
+    the runs if they were edited outside the Store). 0007 added the keys after config and class;
+    an unknown key is stored as '' (text) or 0 (limits)."""
 
     __tablename__ = "capacity_summaries"
 
@@ -304,6 +317,11 @@ class CapacitySummary(Base):
         sa.BigInteger, sa.ForeignKey("deployment_configs.id", ondelete=CASCADE), primary_key=True
     )
     class_name: Mapped[str] = mapped_column(sa.String(60), primary_key=True)
+    workload_sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    ttft_ms: Mapped[float] = mapped_column(sa.Double, primary_key=True)
+    tpot_ms: Mapped[float] = mapped_column(sa.Double, primary_key=True)
+    backend: Mapped[str] = mapped_column(sa.String(20), primary_key=True)
+    simulated: Mapped[bool] = mapped_column(sa.Boolean, primary_key=True)
     runs: Mapped[int] = mapped_column(sa.Integer)
     median: Mapped[float] = mapped_column(sa.Double)
     p25: Mapped[float] = mapped_column(sa.Double)
@@ -311,6 +329,23 @@ class CapacitySummary(Base):
     min: Mapped[float] = mapped_column(sa.Double)
     max: Mapped[float] = mapped_column(sa.Double)
     last_measured: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class WorkloadSignatureRow(Base):
+    """One row per distinct workload signature (orchestrator.plan.signature, 0007): the readable
+    summary and the values range filters use, and the effective workload that was hashed."""
+
+    __tablename__ = "workload_signatures"
+
+    sha256: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    summary: Mapped[str] = mapped_column(sa.String(200))
+    input_mean: Mapped[float | None] = mapped_column(sa.Double)
+    input_sd: Mapped[float | None] = mapped_column(sa.Double)
+    output_tokens: Mapped[float | None] = mapped_column(sa.Double)
+    shared_prefix: Mapped[float | None] = mapped_column(sa.Double)
+    arrival: Mapped[str] = mapped_column(sa.String(40))
+    doc: Mapped[Any] = mapped_column(JSONDoc)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class MaintenanceFlag(Base):

@@ -20,9 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from orchestrator.errors import EnvironmentProblem, PermanentError, PlanError, UserError
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
-from orchestrator.store import database, history, summaries
+from orchestrator.store import database, summaries
 from orchestrator.store.appendonly import maintenance, run_digest
+from orchestrator.store.history_api import HistoryQueries
 from orchestrator.store.ingest import Fence, fetch_requests, ingest_requests
+from orchestrator.store.keys import RegistrationKeys, registration_keys
 from orchestrator.store.models import (
     BarVerdict,
     Capacity,
@@ -142,7 +144,7 @@ def _run(row: Run) -> RunInfo:
     )
 
 
-class Store:
+class Store(HistoryQueries):
     """Plans, experiments, runs, points, requests, guards, capacities, verdicts; history."""
 
     # Checked inside every request batch's transaction when set (the lease's fencing, store/lease.py).
@@ -151,6 +153,16 @@ class Store:
     def __init__(self, engine: sa.Engine):
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._reg_keys: dict[int, RegistrationKeys] = {}  # registrations never change
+
+    def _keys_of(self, s: Session, run: Run) -> RegistrationKeys:
+        """The comparable-history keys of a run's registration (store.keys), cached."""
+        reg_id = s.scalar(sa.select(Experiment.registration_id).where(Experiment.id == run.experiment_id))
+        assert reg_id is not None  # a run's experiment exists (foreign key)
+        if reg_id not in self._reg_keys:
+            text = s.scalar(sa.select(PlanRegistration.canonical_json).where(PlanRegistration.id == reg_id))
+            self._reg_keys[reg_id] = registration_keys(text or "{}")
+        return self._reg_keys[reg_id]
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -383,7 +395,7 @@ class Store:
                 row.nodes = fp["nodes"]
             row.finished_at = utcnow()
             s.flush()
-            summaries.mark_capacities(s, row)
+            summaries.mark_capacities(s, row, self._keys_of(s, row))
             classes = s.scalars(sa.select(Capacity.class_name).where(Capacity.run_id == run_id)).all()
             summaries.refresh(s, row.config_id, classes)
 
@@ -526,7 +538,7 @@ class Store:
                     for k, v in values.items():
                         setattr(row, k, v)
                 s.flush()
-                summaries.mark_capacities(s, run)
+                summaries.mark_capacities(s, run, self._keys_of(s, run))
                 summaries.refresh(s, run.config_id, [class_name])
         except IntegrityError as e:  # a capacity of a finished run cannot change (0006)
             raise _refused(f"recording the {class_name} capacity of run {run_id}", e) from None
@@ -609,26 +621,3 @@ class Store:
         with self._sessions() as s:
             rows = [dict(r._mapping) for r in s.execute(stmt)]
         return pd.DataFrame(rows, columns=["t", "name", "labels", "value", "point_id"])
-
-    # -- history ----------------------------------------------------------------------------
-
-    def rebuild_capacity_summaries(self) -> int:
-        """Recompute the derived capacity summaries from the runs; returns the groups written.
-        Needed only after runs or capacities were edited outside the Store."""
-        return summaries.rebuild(self.engine)
-
-    def capacity_by_config(self, **filters: Any) -> pd.DataFrame:
-        """See history.capacity_by_config."""
-        return history.capacity_by_config(self.engine, **filters)
-
-    def capacity_per_gpu(self, **filters: Any) -> pd.DataFrame:
-        """See history.capacity_per_gpu."""
-        return history.capacity_per_gpu(self.engine, **filters)
-
-    def best_config(self, service_class: str, **filters: Any) -> pd.DataFrame:
-        """See history.best_config."""
-        return history.best_config(self.engine, service_class, **filters)
-
-    def config_trend(self, config_id: int, service_class: str | None = None, since_days: float | None = None) -> pd.DataFrame:
-        """See history.config_trend."""
-        return history.config_trend(self.engine, config_id, service_class, since_days)

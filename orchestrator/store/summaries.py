@@ -1,4 +1,4 @@
-"""Capacity summaries: per configuration and class, the statistics of the capacities of valid
+"""Capacity summaries: per configuration, class and comparable group (store.keys), the statistics of the capacities of valid
 finished runs, refreshed by the repository whenever one of their inputs changes.
 
 All-time history questions then read one row per configuration and class (milliseconds at any
@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from orchestrator.store.models import Capacity, CapacitySummary, Run
+from orchestrator.store import keys
+from orchestrator.store.models import Capacity, CapacitySummary, Experiment, PlanRegistration, Run
 
 # Serialises refreshes of one configuration across processes (two controllers finishing runs
 # of the same configuration at once must not leave the older statistics behind).
@@ -42,44 +42,42 @@ def _stats(values: list[float], stamps: list[datetime | None]) -> dict[str, obje
     }
 
 
-def _upsert(session: Session, rows: list[dict[str, object]]) -> None:
-    if not rows:
-        return
-    dialect = session.get_bind().dialect.name
-    insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(CapacitySummary)
-    keys = ("runs", "median", "p25", "p75", "min", "max", "last_measured")
-    stmt = insert.on_conflict_do_update(
-        index_elements=["config_id", "class_name"], set_={k: insert.excluded[k] for k in keys}
-    )
-    session.execute(stmt, rows)
+# The comparable-group key of a summary (beyond config_id and class_name); an unknown key is
+# stored as '' or 0 there (primary-key columns cannot be NULL).
+GROUP_KEYS = ("workload_sha256", "ttft_ms", "tpot_ms", "backend", "simulated")
+_UNKNOWN: dict[str, object] = {"workload_sha256": "", "ttft_ms": 0.0, "tpot_ms": 0.0, "backend": "",
+                               "simulated": False}
 
 
 def refresh(session: Session, config_id: int, class_names: Iterable[str]) -> None:
     """Recompute the summaries of one configuration at the given classes (in the caller's
-    transaction); a group left with no valid run loses its row."""
+    transaction), one row per comparable group; a group left with no valid run loses its row."""
     classes = sorted(set(class_names))
     if not classes:
         return
     if session.get_bind().dialect.name == "postgresql":
         session.execute(sa.select(sa.func.pg_advisory_xact_lock(_LOCK_NAMESPACE + config_id)))
+    keys = [getattr(Capacity, k) for k in GROUP_KEYS]
     rows = session.execute(
-        sa.select(Capacity.class_name, Capacity.capacity, Run.finished_at)
+        sa.select(Capacity.class_name, *keys, Capacity.capacity, Run.finished_at)
         .join(Run, Run.id == Capacity.run_id)
         .where(Run.config_id == config_id, Capacity.class_name.in_(classes),
                Run.valid.is_(True), Run.status == "done", *point_estimate())
     )
-    groups: dict[str, tuple[list[float], list[datetime | None]]] = defaultdict(lambda: ([], []))
-    for cls, cap, finished in rows:
-        groups[cls][0].append(cap)
-        groups[cls][1].append(finished)
-    empty = [c for c in classes if c not in groups]
-    if empty:
-        session.execute(sa.delete(CapacitySummary).where(
-            CapacitySummary.config_id == config_id, CapacitySummary.class_name.in_(empty)))
-    _upsert(session, [
-        {"config_id": config_id, "class_name": cls, **_stats(vals, stamps)}
-        for cls, (vals, stamps) in groups.items()
-    ])
+    groups: dict[tuple[Any, ...], tuple[list[float], list[datetime | None]]] = defaultdict(lambda: ([], []))
+    for row in rows:
+        key = (row[0], *(_UNKNOWN[k] if v is None else v for k, v in zip(GROUP_KEYS, row[1:-2], strict=True)))
+        groups[key][0].append(row[-2])
+        groups[key][1].append(row[-1])
+    session.execute(sa.delete(CapacitySummary).where(
+        CapacitySummary.config_id == config_id, CapacitySummary.class_name.in_(classes)))
+    out = [
+        {"config_id": config_id, "class_name": key[0], **dict(zip(GROUP_KEYS, key[1:], strict=True)),
+         **_stats(vals, stamps)}
+        for key, (vals, stamps) in groups.items()
+    ]
+    if out:
+        session.execute(sa.insert(CapacitySummary), out)
 
 
 def point_estimate() -> tuple[sa.ColumnElement[bool], ...]:
@@ -88,22 +86,34 @@ def point_estimate() -> tuple[sa.ColumnElement[bool], ...]:
     return (Capacity.censored.is_(None), Capacity.converged.is_(True))
 
 
-def mark_capacities(session: Session, run: Run) -> None:
+def mark_capacities(session: Session, run: Run, reg: keys.RegistrationKeys | None = None) -> None:
     """Copy the run's configuration, validity and end time onto its capacities (the columns
     time-ranged history reads instead of joining runs); ``counted``: a valid finished run's
-    point estimate."""
+    point estimate. With ``reg``, also the comparable-history keys (store.keys)."""
     run_counts = bool(run.valid) and run.status == "done"
+    values: dict[str, Any] = dict(
+        config_id=run.config_id, measured_at=run.finished_at,
+        counted=sa.and_(sa.true() if run_counts else sa.false(), *point_estimate()),
+    )
+    if reg is not None:
+        gpu, engine = keys.observed(run.fingerprint, run.gpu_type, run.engine_version)
+        keys.ensure_workload(session, reg.workload)
+        values.update(
+            workload_sha256=reg.workload.sha256 if reg.workload else None,
+            ttft_ms=keys.limit_case(Capacity.class_name, reg.limits, 0),
+            tpot_ms=keys.limit_case(Capacity.class_name, reg.limits, 1),
+            backend=reg.backend or None, simulated=keys.is_simulated(reg.backend, engine),
+            observed_gpu=gpu, observed_engine=engine,
+        )
     session.execute(
-        sa.update(Capacity).where(Capacity.run_id == run.id).values(
-            config_id=run.config_id, measured_at=run.finished_at,
-            counted=sa.and_(sa.true() if run_counts else sa.false(), *point_estimate()),
-        ),
+        sa.update(Capacity).where(Capacity.run_id == run.id).values(**values),
         execution_options={"synchronize_session": False},
     )
 
 
 def mark_all_capacities(session: Session) -> None:
-    """mark_capacities for every run at once (after edits made outside the Store)."""
+    """mark_capacities for every run at once (after edits made outside the Store), keys too:
+    derived again from every registration by today's plan language."""
     def of_run(col: Any) -> Any:
         return sa.select(col).where(Run.id == Capacity.run_id).scalar_subquery()
 
@@ -115,6 +125,35 @@ def mark_all_capacities(session: Session) -> None:
         ),
         execution_options={"synchronize_session": False},
     )
+    mark_all_keys(session)
+
+
+def mark_all_keys(session: Session) -> None:
+    """The comparable-history keys of every capacity, from registrations and fingerprints."""
+    regs = session.execute(sa.select(PlanRegistration.id, PlanRegistration.canonical_json)).all()
+    by_reg = {rid: keys.registration_keys(text) for rid, text in regs}
+    # observed values per run, written in groups of runs that share them
+    observed: dict[tuple[int, str | None, str | None], list[int]] = defaultdict(list)
+    for run_id, reg_id, fp, gpu_type, engine in session.execute(
+        sa.select(Run.id, Experiment.registration_id, Run.fingerprint, Run.gpu_type, Run.engine_version)
+        .join(Experiment, Experiment.id == Run.experiment_id)
+    ):
+        observed[(reg_id, *keys.observed(fp, gpu_type, engine))].append(run_id)
+    for reg in by_reg.values():
+        keys.ensure_workload(session, reg.workload)
+    for (reg_id, gpu, engine), run_ids in observed.items():
+        reg = by_reg[reg_id]
+        for start in range(0, len(run_ids), 5000):
+            session.execute(
+                sa.update(Capacity).where(Capacity.run_id.in_(run_ids[start:start + 5000])).values(
+                    workload_sha256=reg.workload.sha256 if reg.workload else None,
+                    ttft_ms=keys.limit_case(Capacity.class_name, reg.limits, 0),
+                    tpot_ms=keys.limit_case(Capacity.class_name, reg.limits, 1),
+                    backend=reg.backend or None, simulated=keys.is_simulated(reg.backend, engine),
+                    observed_gpu=gpu, observed_engine=engine,
+                ),
+                execution_options={"synchronize_session": False},
+            )
 
 
 def groups_of_runs(session: Session, where: sa.ColumnElement[bool]) -> dict[int, set[str]]:
