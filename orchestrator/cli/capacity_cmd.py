@@ -369,7 +369,7 @@ def _write_settle_plan(path: Path, model: str, service_class: str, limits: tuple
     from orchestrator.report.history import settle_plan
 
     arms, model_doc = [], None
-    for cid in list(ranked["config_id"])[:2]:
+    for cid in list(dict.fromkeys(int(c) for c in ranked["config_id"]))[:2]:  # distinct configurations
         cfg = details[int(cid)]["config"]
         arm = dict(cfg["arm"])
         if cfg.get("router") is not None:
