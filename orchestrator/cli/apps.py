@@ -19,6 +19,7 @@ sim_app = typer.Typer(help="The simulated engine.", no_args_is_help=True)
 loadgen_app = typer.Typer(help="The load generator.", no_args_is_help=True)
 k8s_app = typer.Typer(help="Kubernetes manifests of an arm.", no_args_is_help=True)
 db_app = typer.Typer(help="The results database.", no_args_is_help=True)
+device_app = typer.Typer(help="Probe a device and fit the simulator's profile of it.", no_args_is_help=True)
 
 
 @app.callback()
@@ -41,5 +42,6 @@ app.add_typer(sim_app, name="sim")
 app.add_typer(loadgen_app, name="loadgen")
 app.add_typer(k8s_app, name="k8s")
 app.add_typer(db_app, name="db")
+app.add_typer(device_app, name="device")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout.")

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "report_cmd",
     "k8s_cmd",
     "controller_cmd",
+    "device_cmd",
 )
 
 
@@ -53,6 +54,7 @@ COMMAND_HOMES = {
     "report": ("report_cmd",),
     "export": ("report_cmd",),
     "controller": ("controller_cmd",),
+    "device": ("device_cmd",),
 }
 
 

@@ -131,15 +131,21 @@ def simulate(
     as_json: bool = JSON_OPTION,
     replications: int = typer.Option(200, "--replications", min=1, max=100_000, help="Simulated designs for the power."),
     seed: int = typer.Option(None, "--seed", help="Seed of the dry run (default: the plan's design seed)."),
+    profile: list[Path] = typer.Option([], "--profile", help="Device profile file (`orch device fit`): arms "
+                                       "of its GPU (every arm if it names none) run at its measured rates."),
+    profiles_dir: Path = typer.Option(None, "--profiles", help="Directory of device profiles; each arm "
+                                      "takes the one of its GPU (matched by the probed device's fingerprint)."),
 ) -> None:
     """Dry run in virtual time: predicted capacity per arm and class, verdicts, power, GPU-hours."""
     from orchestrator.control.dryrun import simulate_plan
+    from orchestrator.sim.profiles import profiles_in, read_profile
 
     plan = load_plan_file(plan_file)
     if plan.workload.arrival is None:
         raise UserError("plan simulate searches capacity, which comes from open-loop runs only; "
                         "this workload is closed loop (workload.closed)")
-    result = simulate_plan(plan, replications=replications, seed=seed)
+    measured = [read_profile(p) for p in profile] + (profiles_in(profiles_dir) if profiles_dir else [])
+    result = simulate_plan(plan, replications=replications, seed=seed, profiles=measured)
     if as_json:
         emit_json(result.to_dict())
         return

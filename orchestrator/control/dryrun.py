@@ -49,6 +49,8 @@ from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
 from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan import Plan, plan_hash
 from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
+from orchestrator.sim.model import DeviceProfile
+from orchestrator.sim.profiles import profile_for
 
 # Efficiency jitter (sigma of its log) a dry run assumes when the plan sets none: a few percent
 # run to run is what repeated vLLM benchmarks on one node show. Not in the seed notes.
@@ -105,7 +107,8 @@ def drain_s(plan: Plan) -> float:
 class ArmSimulator:
     """Virtual-time load points and capacity searches of one arm at one efficiency."""
 
-    def __init__(self, plan: Plan, arm: str, windows: DryWindows, seed: int, efficiency: float = 1.0):
+    def __init__(self, plan: Plan, arm: str, windows: DryWindows, seed: int, efficiency: float = 1.0,
+                 profile: DeviceProfile | None = None):
         if plan.workload.arrival is None:
             raise ValueError("capacity comes from open-loop runs only; this workload is closed loop")
         self.plan = plan
@@ -115,7 +118,7 @@ class ArmSimulator:
         self.efficiency = efficiency
         # Faults (stalls) off: a dry run predicts what a healthy run measures.
         self.cluster = cluster_for_arm(plan.model, plan.arm(arm), plan.router_for(arm), plan.sim,
-                                       efficiency_scale=efficiency, with_faults=False)
+                                       efficiency_scale=efficiency, with_faults=False, profile=profile)
         self.points: dict[float, PointMetrics] = {}
         self.drains: dict[float, float] = {}
 
@@ -289,8 +292,10 @@ class DryRunResult:
         }
 
 
-def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) -> DryRunResult:
-    """Run the plan's design in virtual time: capacities, verdicts, power, GPU-hours."""
+def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
+                  profiles: Sequence[DeviceProfile] = ()) -> DryRunResult:
+    """Run the plan's design in virtual time: capacities, verdicts, power, GPU-hours. An arm
+    whose GPU a measured profile describes (``orch device fit``) runs at the profile's rates."""
     if plan.workload.arrival is None:
         raise ValueError("a dry run searches capacity, which comes from open-loop runs only; "
                          "this workload is closed loop")
@@ -315,7 +320,11 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) 
                      f"warm-up (the plan's: {plan.search.point_s:g} s after {plan.search.warmup_s:g} s)")
     grid = (math.exp(-max(NOISE_GRID * sigma, MIN_GRID_STEP)), 1.0)
     bar_rates = sorted({b.rate for b in plan.bars if b.rate is not None})
-    arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates) for name in plan.arms}
+    used = {name: profile_for(plan.arm(name).gpu, list(profiles)) for name in plan.arms}
+    for name, p in used.items():
+        if p is not None:
+            notes.append(f"arm {name}: device profile {p.name} ({p.source or 'no source given'})")
+    arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates, used[name]) for name in plan.arms}
 
     bars = _predict_bars(plan, arms, sigma, seed, replications)
     blocks = plan.design.blocks
@@ -332,8 +341,8 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None) 
 
 
 def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Sequence[float],
-                 bar_rates: Sequence[float]) -> ArmPrediction:
-    base = ArmSimulator(plan, arm, windows, seed, 1.0)
+                 bar_rates: Sequence[float], profile: DeviceProfile | None = None) -> ArmPrediction:
+    base = ArmSimulator(plan, arm, windows, seed, 1.0, profile)
     results = base.search_all()
     for r in bar_rates:
         base.point(r)
@@ -343,7 +352,7 @@ def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Seq
         if eff == 1.0:
             sim, res = base, results
         else:
-            sim = ArmSimulator(plan, arm, windows, seed, eff)
+            sim = ArmSimulator(plan, arm, windows, seed, eff, profile)
             # A good prior: the knee moves with the efficiency.
             priors = {c: _rate_of(r, plan) * eff for c, r in results.items()}
             res = sim.search_all(priors)

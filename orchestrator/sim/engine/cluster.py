@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from orchestrator.plan import GPUS, Arm, ModelSpec, RouterConfig, SimSettings
 from orchestrator.sim.engine.routing import Router
 from orchestrator.sim.engine.worker import Worker
-from orchestrator.sim.model import WorkerModel
+from orchestrator.sim.model import DeviceProfile, WorkerModel
 
 
 @dataclass(frozen=True)
@@ -53,13 +53,17 @@ def cluster_for_arm(
     sim: SimSettings | None = None,
     efficiency_scale: float = 1.0,
     with_faults: bool = True,
+    profile: DeviceProfile | None = None,
 ) -> ClusterSpec:
-    """The simulated cluster of a plan's arm (noise: pass the run's ``efficiency_scale``)."""
+    """The simulated cluster of a plan's arm (noise: pass the run's ``efficiency_scale``); with a
+    measured ``profile``, its workers run at the profile's rates instead of the datasheet's."""
     sim = sim or SimSettings()
     assert arm.gpu is not None, "a simulated arm names its GPU (only an external arm has none)"
     gpu = GPUS[arm.gpu]
 
     def pool(replicas: int, tp: int) -> tuple[WorkerModel, ...]:
+        if profile is not None:
+            return (profile.worker(model, arm.engine, tp, efficiency_scale),) * replicas
         w = WorkerModel.from_engine(gpu, model, tp, arm.engine, efficiency_scale)
         return (w,) * replicas
 
