@@ -1,13 +1,18 @@
 """Store benchmark: a synthetic history of >= 10 million request rows and 50,000 runs in
-PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of the capacity queries.
+PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of the history queries
+(capacity by comparable group, per GPU, best configuration, trends, and the sizing ranking of
+`orch capacity plan`).
 
-    .venv/bin/python benchmarks/store_bench.py [--requests 10000000] [--runs 50000]
+    .venv/bin/python benchmarks/store_bench.py [--requests 10000000] [--runs 50000] [--settings both]
 
-Uses ORCH_BENCH_DATABASE_URL (an empty PostgreSQL database) if set, else starts a private
-PostgreSQL cluster in a temporary folder (as the tests do: fsync off; shared_buffers 1 GB), and
-removes it after.
-Not part of `make test`; it prints figures (targets: ingest >= 200,000 rows/s, every capacity
-query p95 < 100 ms).
+Servers (--settings): ``durable`` is PostgreSQL's defaults (fsync, synchronous_commit and
+full_page_writes on: what a production database runs, the headline figure); ``fast`` is what
+the tests use (all three off: a commit is not on disk when it returns); ``both`` (the default)
+measures one after the other, each on a fresh private cluster in a temporary folder
+(shared_buffers 1 GB), removed after, and prints them side by side. With ORCH_BENCH_DATABASE_URL
+(an empty PostgreSQL database) it measures that server only, under whatever it is set to.
+Not part of `make test`; it prints figures (targets: ingest >= 200,000 rows/s; issue 20: every
+history query p95 < 20 ms over 50,000 runs / 10 M requests).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from orchestrator.plan import load_plan_file  # noqa: E402
 from orchestrator.records import RequestRecord  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
+from orchestrator.store.appendonly import maintenance  # noqa: E402
 from orchestrator.store.models import (  # noqa: E402
     Capacity,
     DeploymentConfig,
@@ -66,11 +71,30 @@ def point_records(n: int, seed: int) -> list[RequestRecord]:
     return out
 
 
+def registrations(store: Store) -> list[int]:
+    """Plans of four workloads (prompt and reply lengths) on the simulator and on a measured
+    backend: eight registrations, so history holds comparable groups to keep apart."""
+    import yaml
+
+    from orchestrator.plan import validate_plan
+
+    base = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    out = []
+    for i, (inp, outp) in enumerate(((3000, 64), (1000, 256), (8000, 128), (500, 512))):
+        for backend in ("sim", "local"):
+            data = {**base, "name": f"bench-{i}-{backend}", "backend": backend,
+                    "workload": {**base["workload"], "output_tokens": outp,
+                                 "prompts": {**base["workload"]["prompts"],
+                                             "input_tokens": {"mean": inp, "dist": "lognormal", "sigma": 0.3}}}}
+            out.append(store.register_plan(validate_plan(data)).id)
+    return out
+
+
 def seed_history(store: Store, runs: int, points: int) -> list[int]:
-    """Configurations, experiments, runs (5% invalid), three capacities per run, load points."""
+    """Configurations, experiments (over eight registrations), runs (5% invalid), three
+    capacities per run, load points."""
     rng = random.Random(1)
-    plan = load_plan_file(ROOT / "examples" / "quickstart.yaml")
-    reg = store.register_plan(plan)
+    regs = registrations(store)
     now = utcnow()
     configs = []
     for m in MODELS:
@@ -91,7 +115,7 @@ def seed_history(store: Store, runs: int, points: int) -> list[int]:
         s.execute(sa.insert(DeploymentConfig), configs)
         config_ids = s.scalars(sa.select(DeploymentConfig.id).order_by(DeploymentConfig.id)).all()
         s.execute(sa.insert(Experiment), [
-            dict(name=f"bench-{e}", registration_id=reg.id, status="done", created_at=now)
+            dict(name=f"bench-{e}", registration_id=regs[e % len(regs)], status="done", created_at=now)
             for e in range(runs // per_exp)])
         exp_ids = s.scalars(sa.select(Experiment.id).order_by(Experiment.id)).all()
         run_rows = []
@@ -101,7 +125,8 @@ def seed_history(store: Store, runs: int, points: int) -> list[int]:
                 experiment_id=exp_ids[i // per_exp], config_id=rng.choice(config_ids), arm="AB"[i % 2],
                 block=(i % per_exp) // 2, position=i % 2, attempt=0, status="done",
                 valid=rng.random() > 0.05, started_at=finished - timedelta(minutes=20), finished_at=finished,
-                engine_version="v0.11.0", gpu_type="H200",
+                engine_version=rng.choice(("v0.10.2", "v0.11.0")), gpu_type="H200",
+                fingerprint={"gpu_products": ["NVIDIA H200"]},
             ))
         s.execute(sa.insert(Run), run_rows)
         run_ids = s.scalars(sa.select(Run.id).order_by(Run.id)).all()
@@ -151,7 +176,7 @@ def bench_orm(store: Store, point_id: int, records: list[RequestRecord]) -> tupl
     with Session(store.engine) as s, s.begin():
         s.add_all(Request(point_id=point_id, **r.to_dict()) for r in records)
     orm = len(records) / (time.perf_counter() - t0)
-    with store.engine.begin() as conn:
+    with store.engine.begin() as conn, maintenance(conn):  # requests are append-only (0006)
         conn.execute(sa.delete(Request).where(Request.point_id == point_id))
     t0 = time.perf_counter()
     with store.engine.begin() as conn:
@@ -172,6 +197,111 @@ def latency(fn: Callable[[], object], repeat: int) -> tuple[float, float, int]:
     return statistics.median(times), times[max(0, int(round(0.95 * len(times))) - 1)], rows
 
 
+SETTINGS = {
+    # what the tests run: nothing waits for the disk
+    "fast": {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"},
+    # PostgreSQL's defaults: a committed transaction is on disk, torn pages are repaired
+    "durable": {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"},
+}
+
+
+def history_queries(store: Store) -> dict[str, Callable[[], object]]:
+    """Every history question the CLI asks, including `orch capacity plan`'s ranking."""
+    from orchestrator.report.history import DEFAULT_GPU_PRICES, size_configurations
+
+    some_config = int(store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="agent").iloc[0]["config_id"])
+    sig = store.workload_signatures()[0]
+
+    def sizing() -> object:
+        frame = store.capacity_by_config(model="qwen3-8b", service_class="interactive", workload=sig["sha256"],
+                                         ttft_ms=300.0, tpot_ms=10.0, simulated=False)
+        details = store.config_details([int(c) for c in frame["config_id"]])
+        return size_configurations(frame, details, rate=40.0, output_tokens=float(sig["output_tokens"]),
+                                   prices=DEFAULT_GPU_PRICES)
+
+    return {
+        "capacity_by_config (no filter)": lambda: store.capacity_by_config(),
+        "capacity_by_config model+gpu+class": lambda: store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="interactive"),
+        "capacity_by_config layout+since 90d": lambda: store.capacity_by_config(layout="disaggregated", since_days=90),
+        "capacity_by_config kv+seqs+class": lambda: store.capacity_by_config(kv_cache_dtype="fp8", max_num_seqs=256, service_class="agent"),
+        "capacity_by_config workload+measured": lambda: store.capacity_by_config(workload=sig["sha256"][:8], simulated=False),
+        "capacity_by_config in/out ranges": lambda: store.capacity_by_config(input_tokens=(2000, 4000), output_tokens=(0, 100)),
+        "capacity_by_config observed engine": lambda: store.capacity_by_config(observed_engine="v0.11.0", service_class="standard"),
+        "capacity_per_gpu class": lambda: store.capacity_per_gpu(service_class="standard"),
+        "best_config class+gpu": lambda: store.best_config("interactive", gpu="H100-SXM", top=3),
+        "config_trend config+class": lambda: store.config_trend(some_config, "agent"),
+        "capacity plan ranking (sizing)": sizing,
+    }
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
+    """Seed, ingest and query one server; returns its figures."""
+    store = Store.open(url)
+    with store.engine.connect() as conn:
+        settings = {k: conn.execute(sa.text(f"show {k}")).scalar_one() for k in SETTINGS["durable"]}
+    print(f"server settings: {settings}", flush=True)
+    points = -(-args.requests // args.per_point) + 1
+    t0 = time.perf_counter()
+    point_ids = seed_history(store, args.runs, points)
+    print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities, {points:,} points "
+          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    t0 = time.perf_counter()  # seeded with bulk inserts, so the derived keys and summaries are rebuilt
+    groups = store.rebuild_capacity_summaries()
+    print(f"rebuilt {groups} capacity summaries in {time.perf_counter() - t0:.1f} s", flush=True)
+    records = point_records(args.per_point, seed=2)
+    single = min(args.single, args.requests)
+    copy_rate = bench_copy(store, point_ids[1:], records, single)
+    used = 1 + -(-single // len(records))
+    parallel_rate = bench_copy_parallel(store, point_ids[used:], records, args.requests - single,
+                                        args.writers) if args.requests > single else 0.0
+    orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
+                                    else point_records(args.orm_rows, seed=3))
+    with store.engine.connect() as conn:
+        n_req = conn.execute(sa.text("select count(*) from requests")).scalar_one()
+        n_runs = conn.execute(sa.text("select count(*) from runs")).scalar_one()
+        conn.commit()
+    # what autovacuum would do after a bulk load, done now so it does not run during the
+    # latency measurement on this small machine
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        t0 = time.perf_counter()
+        conn.execute(sa.text("vacuum (analyze)"))
+        print(f"vacuum (analyze) after the load: {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"\nhistory: {n_req:,} request rows, {n_runs:,} runs")
+    print("\ningest, rows/s (same records)")
+    print(f"  COPY (store.ingest_requests, {args.per_point}/call): {copy_rate:>12,.0f}   target >= 200,000")
+    if parallel_rate:
+        print(f"  COPY, {args.writers} writers at once:              {parallel_rate:>12,.0f}")
+    print(f"  ORM add_all + commit:                    {orm_rate:>12,.0f}   ({copy_rate / orm_rate:.0f}x slower)")
+    print(f"  Core executemany (insertmanyvalues):      {core_rate:>12,.0f}   ({copy_rate / core_rate:.1f}x slower)")
+    print(f"\nhistory queries, ms over {args.repeat} repeats (target p95 < 20)")
+    print(f"  {'query':<40} {'p50':>8} {'p95':>8} {'rows':>6}")
+    latencies: dict[str, tuple[float, float]] = {}
+    for name, fn in history_queries(store).items():
+        p50, p95, rows = latency(fn, args.repeat)
+        latencies[name] = (p50, p95)
+        print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
+    worst = max(p95 for _, p95 in latencies.values())
+    print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
+          f"{parallel_rate:,.0f} rows/s ({args.writers} writers)", flush=True)
+    store.close()
+    return {"settings": settings, "requests": n_req, "runs": n_runs, "copy": copy_rate, "parallel": parallel_rate,
+            "orm": orm_rate, "core": core_rate, "latencies": latencies, "worst": worst}
+
+
+def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
+    names = list(results)
+    print("\n" + "=" * 80)
+    print("summary: " + "  vs  ".join(f"{n} ({results[n]['settings']})" for n in names))
+    print(f"  {'figure':<44}" + "".join(f"{n:>14}" for n in names))
+    for key, label in (("copy", "COPY rows/s, one writer"), ("parallel", f"COPY rows/s, {writers} writers"),
+                       ("orm", "ORM rows/s"), ("core", "Core executemany rows/s")):
+        print(f"  {label:<44}" + "".join(f"{float(results[n][key]):>14,.0f}" for n in names))  # type: ignore[arg-type]
+    first = results[names[0]]["latencies"]
+    for q in first:  # type: ignore[union-attr]
+        print(f"  {'p95 ms ' + q:<44}" + "".join(f"{results[n]['latencies'][q][1]:>14.1f}" for n in names))  # type: ignore[index]
+    print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=10_000_000)
@@ -181,79 +311,31 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--single", type=int, default=3_000_000, help="rows ingested by one writer first")
     ap.add_argument("--writers", type=int, default=2, help="concurrent writers for the remaining rows")
+    ap.add_argument("--settings", choices=("both", "durable", "fast"), default="both",
+                    help="private servers to measure: PostgreSQL's durable defaults, the tests' fast settings, or both")
     args = ap.parse_args()
 
     url = os.environ.get("ORCH_BENCH_DATABASE_URL")
-    pg = None
-    if not url:
-        from tests.support import postgres
+    if url:
+        measure(url, args)
+        return 0
+    from tests.support import postgres
 
-        bindir = postgres.find_bindir()
-        if bindir is None:
-            print("PostgreSQL server binaries not found; set ORCH_BENCH_DATABASE_URL", file=sys.stderr)
-            return 2
+    bindir = postgres.find_bindir()
+    if bindir is None:
+        print("PostgreSQL server binaries not found; set ORCH_BENCH_DATABASE_URL", file=sys.stderr)
+        return 2
+    results: dict[str, dict[str, object]] = {}
+    for name in (("durable", "fast") if args.settings == "both" else (args.settings,)):
+        print(f"\n### {name} server", flush=True)
         # a server sized for a 10-million-row history: its primary-key index stays in memory
-        pg = postgres.start(bindir, {"shared_buffers": "1GB"})
-        url = pg.url(pg.create_database())
-    try:
-        store = Store.open(url)
-        points = -(-args.requests // args.per_point) + 1
-        t0 = time.perf_counter()
-        point_ids = seed_history(store, args.runs, points)
-        print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities, {points:,} points "
-              f"in {time.perf_counter() - t0:.1f} s", flush=True)
-        t0 = time.perf_counter()  # seeded with bulk inserts, so the derived summaries are rebuilt
-        groups = store.rebuild_capacity_summaries()
-        print(f"rebuilt {groups} capacity summaries in {time.perf_counter() - t0:.1f} s", flush=True)
-        records = point_records(args.per_point, seed=2)
-        single = min(args.single, args.requests)
-        copy_rate = bench_copy(store, point_ids[1:], records, single)
-        used = 1 + -(-single // len(records))
-        parallel_rate = bench_copy_parallel(store, point_ids[used:], records, args.requests - single,
-                                            args.writers) if args.requests > single else 0.0
-        orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
-                                        else point_records(args.orm_rows, seed=3))
-        with store.engine.connect() as conn:
-            n_req = conn.execute(sa.text("select count(*) from requests")).scalar_one()
-            n_runs = conn.execute(sa.text("select count(*) from runs")).scalar_one()
-            conn.commit()
-        # what autovacuum would do after a bulk load, done now so it does not run during the
-        # latency measurement on this small machine
-        with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            t0 = time.perf_counter()
-            conn.execute(sa.text("vacuum (analyze)"))
-            print(f"vacuum (analyze) after the load: {time.perf_counter() - t0:.1f} s", flush=True)
-        print(f"\nhistory: {n_req:,} request rows, {n_runs:,} runs")
-        print("\ningest, rows/s (same records)")
-        print(f"  COPY (store.ingest_requests, {args.per_point}/call): {copy_rate:>12,.0f}   target >= 200,000")
-        if parallel_rate:
-            print(f"  COPY, {args.writers} writers at once:              {parallel_rate:>12,.0f}")
-        print(f"  ORM add_all + commit:                    {orm_rate:>12,.0f}   ({copy_rate / orm_rate:.0f}x slower)")
-        print(f"  Core executemany (insertmanyvalues):      {core_rate:>12,.0f}   ({copy_rate / core_rate:.1f}x slower)")
-
-        some_config = int(store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="agent").iloc[0]["config_id"])
-        queries: dict[str, Callable[[], object]] = {
-            "capacity_by_config (no filter)": lambda: store.capacity_by_config(),
-            "capacity_by_config model+gpu+class": lambda: store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="interactive"),
-            "capacity_by_config layout+since 90d": lambda: store.capacity_by_config(layout="disaggregated", since_days=90),
-            "capacity_by_config kv+seqs+class": lambda: store.capacity_by_config(kv_cache_dtype="fp8", max_num_seqs=256, service_class="agent"),
-            "capacity_per_gpu class": lambda: store.capacity_per_gpu(service_class="standard"),
-            "best_config class+gpu": lambda: store.best_config("interactive", gpu="H100-SXM", top=3),
-            "config_trend config+class": lambda: store.config_trend(some_config, "agent"),
-        }
-        print(f"\ncapacity queries, ms over {args.repeat} repeats (target p95 < 100)")
-        print(f"  {'query':<40} {'p50':>8} {'p95':>8} {'rows':>6}")
-        worst = 0.0
-        for name, fn in queries.items():
-            p50, p95, rows = latency(fn, args.repeat)
-            worst = max(worst, p95)
-            print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
-        print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
-              f"{parallel_rate:,.0f} rows/s ({args.writers} writers)")
-        store.close()
-    finally:
-        if pg is not None:
+        pg = postgres.start(bindir, {"shared_buffers": "1GB", **SETTINGS[name]})
+        try:
+            results[name] = measure(pg.url(pg.create_database()), args)
+        finally:
             pg.stop()
+    if len(results) > 1:
+        side_by_side(results, args.writers)
     return 0
 
 

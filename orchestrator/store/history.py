@@ -71,6 +71,16 @@ def _config_conditions(
     return [col == value for col, value in exact.items() if value is not None]
 
 
+def _frame(result: sa.CursorResult[Any], columns: list[str] | None = None) -> pd.DataFrame:
+    """A query's rows as a DataFrame, built from tuples (a dict per row costs ~10x more at
+    thousands of rows); empty with ``columns`` when given."""
+    names = list(result.keys())
+    rows = result.all()
+    if not rows:
+        return pd.DataFrame(columns=columns) if columns is not None else pd.DataFrame()
+    return pd.DataFrame(dict(zip(names, zip(*rows, strict=True), strict=True)), columns=names)
+
+
 def _key_conditions(
     src: Any,
     *,
@@ -163,73 +173,95 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     engine_version, config_id; workload (signature prefix), input_tokens and output_tokens
     ((lo, hi) ranges of the workload's mean prompt and reply), simulated (True/False; None:
     both), backend, ttft_ms, tpot_ms; observed_gpu, observed_engine (the run's fingerprint)."""
-    dc = DeploymentConfig
     live = any(filters.get(k) is not None for k in OBSERVED_FILTERS)
-    if filters.get("since_days") is None and not live:
-        frame = _from_summaries(engine, **{k: v for k, v in filters.items() if k != "since_days"})
-    elif engine.dialect.name == "postgresql":
-        where = _counted_conditions(**filters)
-        cap = Capacity.capacity
-        keys = [getattr(Capacity, k) for k in KEY_COLUMNS]
-        stmt = (
-            sa.select(
-                dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-                Capacity.class_name.label("class"), *keys, *_workload_columns(), sa.func.count().label("runs"),
-                sa.func.percentile_cont(0.5).within_group(cap).label("median"),
-                sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
-                sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
-                sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
-                sa.func.max(Capacity.measured_at).label("last_measured"),
-            )
-            .select_from(_counted_from()).where(*where)
-            .group_by(dc.id, Capacity.class_name, *keys, WorkloadSignatureRow.sha256)
-        )
-        with engine.begin() as conn:
-            # keep the sort of a long time range in memory (the default 4 MB spills to disk)
-            conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
-            frame = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
-    else:
-        frame = _aggregate_in_pandas(engine, _counted_conditions(**filters))
-    if frame.empty:
-        return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
-    for k, unknown in (("workload_sha256", ""), ("backend", ""), ("ttft_ms", 0.0), ("tpot_ms", 0.0),
-                       ("simulated", False)):
-        frame[k] = frame[k].where(frame[k].notna(), unknown)  # as the summaries store an unknown key
+    with engine.begin() as conn:
+        if filters.get("since_days") is None and not live:
+            frame = _from_summaries(conn, **{k: v for k, v in filters.items() if k != "since_days"})
+        elif engine.dialect.name == "postgresql":
+            frame = _aggregate_in_sql(conn, _counted_conditions(**filters))
+        else:
+            frame = _aggregate_in_pandas(conn, _counted_conditions(**filters))
+        if frame.empty:
+            return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
+        for k, unknown in (("workload_sha256", ""), ("backend", ""), ("ttft_ms", 0.0), ("tpot_ms", 0.0),
+                           ("simulated", False)):
+            frame[k] = frame[k].where(frame[k].notna(), unknown)  # as the summaries store an unknown key
+        frame = _decorate(conn, frame)
     frame["simulated"] = frame["simulated"].astype(bool)
+    frame["last_measured"] = pd.to_datetime(frame["last_measured"], utc=True)
     frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
     frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True], kind="stable")
     return frame[list(BY_CONFIG_COLUMNS)].reset_index(drop=True)
 
 
-def _from_summaries(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
+def _plain_time(column: Any) -> Any:
+    """A timestamp column without the per-row UTCDateTime conversion (done once, vectorised, by
+    pandas: aware values on PostgreSQL, naive UTC text on SQLite)."""
+    return sa.type_coerce(column, sa.DateTime(timezone=True))
+
+
+def _decorate(conn: sa.Connection, frame: pd.DataFrame) -> pd.DataFrame:
+    """Join the configurations' columns and the workloads' readable values onto per-group
+    statistics (fetched once per configuration and workload, not once per group)."""
+    dc, ws = DeploymentConfig, WorkloadSignatureRow
+    ids = [int(i) for i in frame["config_id"].unique()]
+    configs = _frame(conn.execute(
+        sa.select(dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS)).where(dc.id.in_(ids))
+    ), ["config_id", *CONFIG_COLUMNS])
+    shas = [str(x) for x in frame["workload_sha256"].unique() if x]
+    workloads = _frame(conn.execute(
+        sa.select(ws.sha256.label("workload_sha256"), *_workload_columns()).where(ws.sha256.in_(shas))
+    ), ["workload_sha256", *WORKLOAD_COLUMNS])
+    return frame.merge(configs, on="config_id", how="left").merge(workloads, on="workload_sha256", how="left")
+
+
+def _aggregate_in_sql(conn: sa.Connection, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
+    """PostgreSQL: the live aggregate (percentile_cont) per comparable group."""
+    cap = Capacity.capacity
+    keys = [getattr(Capacity, k) for k in KEY_COLUMNS]
+    stmt = (
+        sa.select(
+            Capacity.config_id, Capacity.class_name.label("class"), *keys, sa.func.count().label("runs"),
+            sa.func.percentile_cont(0.5).within_group(cap).label("median"),
+            sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
+            sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
+            sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
+            sa.func.max(_plain_time(Capacity.measured_at)).label("last_measured"),
+        )
+        .select_from(_counted_from()).where(*where)
+        .group_by(Capacity.config_id, Capacity.class_name, *keys)
+    )
+    # keep the sort of a long time range in memory (the default 4 MB spills to disk)
+    conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
+    return _frame(conn.execute(stmt))
+
+
+def _from_summaries(conn: sa.Connection, **filters: Any) -> pd.DataFrame:
     dc, cs = DeploymentConfig, CapacitySummary
     filters, keyed = _split(filters)
     stmt = (
         sa.select(
-            dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-            cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS), *_workload_columns(),
-            cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, cs.last_measured,
+            cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS),
+            cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, _plain_time(cs.last_measured).label("last_measured"),
         )
         .join(dc, dc.id == cs.config_id)
         .outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == cs.workload_sha256)
         .where(*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed))
     )
-    with engine.connect() as conn:
-        return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
+    return _frame(conn.execute(stmt))
 
 
-def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
-    dc = DeploymentConfig
+def _aggregate_in_pandas(conn: sa.Connection, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
+    """SQLite (no percentile aggregate): the filtered capacities aggregated by pandas with the
+    same linear-interpolation quartiles."""
     stmt = (
         sa.select(
-            dc.id.label("config_id"), *(getattr(dc, c) for c in CONFIG_COLUMNS),
-            Capacity.class_name.label("class"), *(getattr(Capacity, k) for k in KEY_COLUMNS),
-            *_workload_columns(), Capacity.capacity, Capacity.measured_at.label("finished_at"),
+            Capacity.config_id, Capacity.class_name.label("class"), *(getattr(Capacity, k) for k in KEY_COLUMNS),
+            Capacity.capacity, _plain_time(Capacity.measured_at).label("finished_at"),
         )
         .select_from(_counted_from()).where(*where)
     )
-    with engine.connect() as conn:
-        raw = pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)])
+    raw = _frame(conn.execute(stmt))
     if raw.empty:
         return raw
     keys = ["config_id", "class", *KEY_COLUMNS]
@@ -239,8 +271,7 @@ def _aggregate_in_pandas(engine: sa.Engine, where: list[sa.ColumnExpressionArgum
         p75=lambda s: s.quantile(0.75), min="min", max="max",
     )
     stats["last_measured"] = grouped["finished_at"].max()
-    first = grouped[[*CONFIG_COLUMNS, *WORKLOAD_COLUMNS]].first()
-    return first.join(stats).reset_index()
+    return stats.reset_index()
 
 
 def capacity_per_gpu(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
@@ -300,7 +331,7 @@ def config_trend(
     columns = ["measured_at", "run_id", "experiment", "class", "capacity", "at_rate", "attainment",
                "engine_version"]
     with engine.connect() as conn:
-        return pd.DataFrame([dict(r._mapping) for r in conn.execute(stmt)], columns=columns)
+        return _frame(conn.execute(stmt), columns)
 
 
 def config_details(engine: sa.Engine, config_ids: list[int]) -> dict[int, dict[str, Any]]:
