@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,21 +18,39 @@ from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
 from orchestrator.control.spool import SpoolingSink
+from orchestrator.errors import PermanentError
+from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
 from orchestrator.loadgen.scrape import Sample, parse_metrics
 from orchestrator.loadgen.sessions import run_sessions
 from orchestrator.loadgen.workloads import (
     RequestSpec,
-    build_requests,
     expected_prefix_hit_rate,
     ideal_prefix_hit_rate,
-    iter_requests,
 )
 from orchestrator.plan import Plan
+from orchestrator.plan.sources import DataFileError
 from orchestrator.records import RequestRecord
 
+T = TypeVar("T")
 ERROR_STATUSES = ("http_error", "disconnect", "timeout")
+
+
+def _taking(specs: Iterator[RequestSpec], taken: list[RequestSpec]) -> Iterator[RequestSpec]:
+    """``specs`` as they are taken, each kept in ``taken`` (a closed loop's count is unknown)."""
+    for spec in specs:
+        taken.append(spec)
+        yield spec
+
+
+def _data(build: Callable[..., T], *args: Any) -> T:
+    """A point's requests; a data file that is gone or changed since registration stops the
+    experiment with its remedy (no retry can fix it)."""
+    try:
+        return build(*args)
+    except DataFileError as e:
+        raise PermanentError(f"workload.source: {e}") from e
 
 
 @dataclass
@@ -185,6 +203,9 @@ class PointRunner:
         self.plan = plan
         self.spool_dir = spool_dir
         self.ceiling = generator_ceiling
+        # Prompt blocks this run's servers were sent (warm-up, earlier points): a data file's
+        # shared parts stay in their caches from point to point, so its bound counts them.
+        self.seen_blocks: set[int] = set()
 
     def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0) -> None:
         """Cold servers (first requests, connection set-up, caches) must not leak into the first
@@ -195,24 +216,29 @@ class PointRunner:
         closed = plan.workload.closed
         if closed is not None:
             # The plan's own users for a few seconds: the load a closed-loop point will bring.
+            taken: list[RequestSpec] = []
             asyncio.run(run_closed_loop(
-                dep.endpoint.url, dep.endpoint.model, iter_requests(plan.workload, seed),
+                dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
                 users=closed.users, think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
                 duration_s=seconds, warmup_s=seconds, api=plan.workload.api,
                 request_timeout_s=drain_seconds(plan), headers=dict(dep.endpoint.headers)))
+            self._saw(taken)
             settle(self.backend, dep)
             return
-        assert plan.workload.arrival is not None  # one of the two loops (the Workload model)
-        offsets = open_loop_offsets(plan.workload.arrival, max(s.rate.min, 2.0 / seconds), seconds, seed)
+        offsets, requests = _data(point_load, plan.workload, max(s.rate.min, 2.0 / seconds), seconds, seed)
         if len(offsets) == 0:
             return
-        requests = build_requests(plan.workload, len(offsets), seed)
         asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
                               ["warmup"] * len(offsets), api=plan.workload.api,
                               request_timeout_s=seconds + drain_seconds(plan),
                               deadline_s=seconds + drain_seconds(plan),
                               headers=dict(dep.endpoint.headers)))
+        self._saw(requests)
         settle(self.backend, dep)
+
+    def _saw(self, requests: Sequence[RequestSpec]) -> None:
+        if self.plan.workload.source is not None:  # only a data file's bound reads them
+            content_prefix_hit_rate(requests, self.seen_blocks)
 
     def workers(self, arm: str) -> int:
         pools = self.plan.arm(arm).pools()
@@ -225,11 +251,11 @@ class PointRunner:
         plan, s = self.plan, self.plan.search
         seed = point_seed(plan.design.seed, block, rate, repeat, attempt)
         duration = s.warmup_s + s.point_s + s.cooldown_s
-        assert plan.workload.arrival is not None
-        offsets = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
         if plan.workload.sessions is not None:
-            return self._measure_sessions(dep, run_id, arm, seq, rate, search_class, seed, offsets)
-        requests = build_requests(plan.workload, len(offsets), seed)
+            assert plan.workload.arrival is not None  # sessions start on the open-loop clock
+            starts = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
+            return self._measure_sessions(dep, run_id, arm, seq, rate, search_class, seed, starts)
+        offsets, requests = _data(point_load, plan.workload, rate, duration, seed)
         phases = point_phases(offsets, s.warmup_s, s.point_s)
         started = time.time()
         point_id = self.store.record_point(
@@ -295,16 +321,12 @@ class PointRunner:
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
         taken: list[RequestSpec] = []  # the requests the users actually took, for the guards
 
-        def source() -> Iterator[RequestSpec]:
-            for spec in iter_requests(plan.workload, seed):
-                taken.append(spec)
-                yield spec
-
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
             summary = asyncio.run(run_closed_loop(
-                dep.endpoint.url, dep.endpoint.model, source(), users=closed.users,
+                dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
+                users=closed.users,
                 think_s=closed.think_s, ramp_up_s=closed.ramp_up_s, duration_s=duration,
                 warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api, sink=sink,
                 request_timeout_s=drain_seconds(plan) + duration, deadline_s=duration + drain_seconds(plan),
@@ -331,7 +353,9 @@ class PointRunner:
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
             n_scheduled=n_measured, window_s=s.point_s,
-            expected_prefix_hit_rate=ideal_prefix_hit_rate(requests), server_prefix_hit_rate=hit,
+            expected_prefix_hit_rate=(content_prefix_hit_rate(requests, self.seen_blocks)
+                                      if plan.workload.source is not None else ideal_prefix_hit_rate(requests)),
+            server_prefix_hit_rate=hit,
             generator_ceiling_rate=self.ceiling, offered_rate=offered_rate,
             shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
             service_class=judged_class, attainment_threshold=s.attainment,

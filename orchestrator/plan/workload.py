@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
+from orchestrator.plan.sources import DataFileError, DataSource, file_sha256, source_stats
 
 OPTIONAL_LATER_FIELDS = ("sessions", "source")
 
@@ -123,18 +124,32 @@ class Workload(StrictModel):
         ge=1, le=1_000_000, description="Reply length, enforced with max_tokens + ignore_eos and checked (at most 1000000)."
     )
     api: Literal["completions", "chat"] = Field(default="completions", description="Endpoint used.")
+    source: DataSource | None = Field(
+        default=None,
+        description="The user's own data: a prompts file (lengths and content from it) or a trace "
+        "(arrivals, lengths and shared blocks from it, replayed scaled to the search's rate; "
+        "`arrival` then stands in for it only in the virtual-time dry run). Without `prompts` "
+        "or `output_tokens`, their means come from the file.",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _default_arrival(cls, data: object) -> object:
         if isinstance(data, dict) and "arrival" not in data and "closed" not in data:
             data = {**data, "arrival": {"process": "poisson"}}
+        if isinstance(data, dict) and isinstance(data.get("source"), dict):
+            data = _pin_source(data)
         return data
 
     @model_validator(mode="after")
     def _one_loop(self) -> Workload:
         if self.arrival is not None and self.closed is not None:
             raise CrossFieldError([("closed", "give either `arrival` (open loop) or `closed`, not both")])
+        if self.source is not None and self.source.kind == "trace" and self.closed is not None:
+            raise CrossFieldError([("source", "a trace brings its own arrivals (open loop); remove `closed`")])
+        if self.source is not None and self.sessions is not None:
+            raise CrossFieldError([("sessions", "sessions build their turns from the live replies; "
+                                                "a data `source` with sessions is not supported")])
         if self.sessions is not None and self.closed is not None:
             raise CrossFieldError([("sessions", "sessions start on the open-loop clock (`arrival`); "
                                                 "remove `closed` or `sessions`")])
@@ -170,3 +185,29 @@ class Workload(StrictModel):
         for t in range(p.turns):
             total += first + t * (self.output_tokens + follow) + self.output_tokens
         return total / p.turns
+
+
+def _pin_source(data: dict[str, Any]) -> dict[str, Any]:
+    """The file's sha256 (pinned into the registered plan) and, where the plan gives none, the
+    prompt and reply lengths the file implies (so every consumer of the plan sees them)."""
+    src = dict(data["source"])
+    path = src.get("path")
+    if not isinstance(path, str) or not path:
+        return data  # the field's own validation reports it
+    try:
+        if src.get("sha256") is None:
+            src["sha256"] = file_sha256(path)
+        if "prompts" in data and "output_tokens" in data:
+            return {**data, "source": src}
+        stats = source_stats(DataSource.model_validate({**src, "sha256": None}))
+    except DataFileError as e:
+        raise CrossFieldError([("source.path", str(e))]) from None
+    except ValueError:
+        return {**data, "source": src}  # a wrong kind or option: the field's validation says which
+    out = {**data, "source": src}
+    if "prompts" not in out:
+        out["prompts"] = {"input_tokens": {"mean": round(stats.mean_input_tokens, 3)},
+                          "conversations": min(stats.records, 1_000_000)}
+    if "output_tokens" not in out and stats.mean_output_tokens is not None:
+        out["output_tokens"] = max(1, round(stats.mean_output_tokens))
+    return out

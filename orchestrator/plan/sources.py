@@ -1,0 +1,205 @@
+"""A workload's own data: a prompts file or a request trace, named by path and sha256 (pure).
+
+Prompts (JSONL, one object a line), any of:
+  {"prompt": "text"}                                   a completion prompt
+  {"messages": [{"role": "user", "content": "..."}]}   a chat conversation (its last turn is sent)
+  {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}
+                                                       ShareGPT: the first human turn (with any
+                                                       system turn before it) is the prompt, the
+                                                       gpt reply after it gives the output length
+  an optional "output_tokens" on any line sets that request's reply length.
+Trace (JSONL, the Mooncake trace's shape): {"timestamp": ms, "input_length": n,
+  "output_length": n, "hash_ids": [block ids]}; requests sharing a hash id share that block of
+  their prompt (``block_tokens`` tokens each, 512 in Mooncake's traces).
+
+The file's sha256 is part of the registered plan (filled in when the plan is loaded): an edited
+file is a different plan, and a run refuses a file whose hash no longer matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from orchestrator.plan.base import StrictModel
+
+MAX_FILE_BYTES = 1 << 30  # a plan names data, not a dump of everything: 1 GiB at most
+MAX_LINES = 2_000_000
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class DataSource(StrictModel):
+    """The workload's data file, by path (relative to the working directory) and content hash."""
+
+    kind: Literal["prompts", "trace"] = Field(
+        description="prompts: JSONL prompts or chat conversations (ShareGPT accepted); trace: "
+        "JSONL of timestamp (ms), input_length, output_length, hash_ids."
+    )
+    path: str = Field(min_length=1, max_length=4096, description="Path of the file.")
+    sha256: str | None = Field(
+        default=None, pattern=SHA256,
+        description="sha256 of the file; filled in from the file when the plan is loaded, so the "
+        "registered plan pins the data (a run refuses a file that no longer matches).",
+    )
+    block_tokens: int = Field(
+        default=512, ge=16, le=65_536,
+        description="trace: tokens per hash id block (512 in Mooncake's traces; at most 65536).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEntry:
+    """One line of a prompts file: a completion prompt or chat messages (role, content)."""
+
+    prompt: str
+    messages: tuple[tuple[str, str], ...]  # empty for a completion prompt
+    output_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEntry:
+    """One request of a trace: arrival (s from the trace's start), lengths, shared blocks."""
+
+    t_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...]
+
+
+class DataFileError(ValueError):
+    """A data file that is missing, too large or not in its format (one line says why)."""
+
+
+def file_sha256(path: str | Path) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise DataFileError(f"no such file: {path} (paths are relative to the working directory)")
+    if p.stat().st_size > MAX_FILE_BYTES:
+        raise DataFileError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB")
+    h = hashlib.sha256()
+    with p.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _lines(path: str | Path) -> list[dict]:
+    file_sha256(path)  # exists, bounded
+    out: list[dict] = []
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if len(out) >= MAX_LINES:
+                raise DataFileError(f"{path}: more than {MAX_LINES} lines")
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFileError(f"{path} line {n}: not JSON ({e.msg})") from None
+            if not isinstance(doc, dict):
+                raise DataFileError(f"{path} line {n}: expected a JSON object")
+            doc["__line"] = n
+            out.append(doc)
+    if not out:
+        raise DataFileError(f"{path}: no records")
+    return out
+
+
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
+
+
+def _prompt_entry(path: str | Path, doc: dict) -> PromptEntry | None:
+    n = doc["__line"]
+    out = doc.get("output_tokens")
+    if out is not None and (not isinstance(out, int) or isinstance(out, bool) or not 1 <= out <= 1_000_000):
+        raise DataFileError(f"{path} line {n}: output_tokens must be an integer in [1, 1000000]")
+    if isinstance(doc.get("prompt"), str):
+        return PromptEntry(doc["prompt"], (), out) if doc["prompt"].strip() else None
+    if isinstance(doc.get("messages"), list):
+        msgs = []
+        for m in doc["messages"]:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DataFileError(f"{path} line {n}: each message needs a string role and content")
+            msgs.append((m["role"], m["content"]))
+        if not msgs:
+            return None
+        return PromptEntry(" ".join(c for _, c in msgs), tuple(msgs), out)
+    if isinstance(doc.get("conversations"), list):
+        msgs, reply = [], None
+        for turn in doc["conversations"]:
+            if not isinstance(turn, dict):
+                continue
+            role = _SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+            value = turn.get("value")
+            if role is None or not isinstance(value, str):
+                continue
+            if role == "assistant":
+                if msgs and msgs[-1][0] == "user":
+                    reply = value
+                    break
+                continue
+            msgs.append((role, value))
+        if not msgs or msgs[-1][0] != "user":
+            return None  # no human turn to send: skipped, as benchmarks do
+        if out is None and reply is not None:
+            out = max(1, len(reply.split()))
+        return PromptEntry(" ".join(c for _, c in msgs), tuple(msgs), out)
+    raise DataFileError(f"{path} line {n}: expected `prompt`, `messages` or ShareGPT `conversations`")
+
+
+def read_prompts(path: str | Path) -> list[PromptEntry]:
+    """Every usable prompt of a prompts file, in file order (lines without a prompt skipped)."""
+    entries = [e for doc in _lines(path) if (e := _prompt_entry(path, doc)) is not None]
+    if not entries:
+        raise DataFileError(f"{path}: no usable prompt")
+    return entries
+
+
+def _int_field(path: str | Path, doc: dict, key: str, lo: int) -> int:
+    v = doc.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= 1_000_000:
+        raise DataFileError(f"{path} line {doc['__line']}: {key} must be an integer in [{lo}, 1000000]")
+    return v
+
+
+def read_trace(path: str | Path) -> list[TraceEntry]:
+    """A trace's requests sorted by arrival, times in seconds from its first request."""
+    rows: list[TraceEntry] = []
+    for doc in _lines(path):
+        ts = doc.get("timestamp")
+        if not isinstance(ts, int | float) or isinstance(ts, bool) or ts != ts or ts < 0:
+            raise DataFileError(f"{path} line {doc['__line']}: timestamp must be a number >= 0 (ms)")
+        ids = doc.get("hash_ids", [])
+        if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise DataFileError(f"{path} line {doc['__line']}: hash_ids must be a list of integers")
+        rows.append(TraceEntry(float(ts) / 1000.0, _int_field(path, doc, "input_length", 1),
+                               _int_field(path, doc, "output_length", 1), tuple(ids)))
+    rows.sort(key=lambda r: r.t_s)
+    t0 = rows[0].t_s
+    return [TraceEntry(r.t_s - t0, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows]
+
+
+@dataclass(frozen=True)
+class SourceStats:
+    """What a file implies for the plan's own lengths (used where the plan gives none)."""
+
+    records: int
+    mean_input_tokens: float
+    mean_output_tokens: float | None
+
+
+def source_stats(source: DataSource) -> SourceStats:
+    if source.kind == "trace":
+        rows = read_trace(source.path)
+        return SourceStats(len(rows), sum(r.input_tokens for r in rows) / len(rows),
+                           sum(r.output_tokens for r in rows) / len(rows))
+    prompts = read_prompts(source.path)
+    outs = [p.output_tokens for p in prompts if p.output_tokens is not None]
+    return SourceStats(len(prompts), sum(len(p.prompt.split()) for p in prompts) / len(prompts),
+                       sum(outs) / len(outs) if outs else None)
