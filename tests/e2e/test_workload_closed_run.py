@@ -19,12 +19,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_closed_loop_plan_runs_and_stores_points_and_verdicts(tmp_path: Path) -> None:
-    # The example's plan, made light for a shared 2-core machine: 6 users, short replies.
+    # The example's plan, made light for a shared 2-core machine: 4 users, short replies.
     data = yaml.safe_load((ROOT / "examples" / "open-vs-closed.yaml").read_text())
     data["name"] = "open-vs-closed-short"
-    data["workload"] = {"closed": {"users": 6}, "output_tokens": 32,
+    data["workload"] = {"closed": {"users": 4}, "output_tokens": 32,
                         "prompts": {"input_tokens": {"mean": 1000}, "conversations": 100000}}
-    data["search"] = {"rate": {"min": 0.5, "max": 8}, "point_s": 3, "warmup_s": 1, "cooldown_s": 0}
+    data["search"] = {"rate": {"min": 0.5, "max": 8}, "point_s": 2, "warmup_s": 0.5, "cooldown_s": 0}
     data["guards"] = {"max_send_lag_p99_ms": 50}
     plan_file = tmp_path / "closed.yaml"
     plan_file.write_text(yaml.safe_dump(data))
@@ -52,20 +52,20 @@ def test_closed_loop_plan_runs_and_stores_points_and_verdicts(tmp_path: Path) ->
             pts = store.points(run.id)
             assert len(pts) == 1
             point = pts.iloc[0]
-            assert point.users == 6 and point.offered_rate is None and bool(point.valid)
+            assert point.users == 4 and point.offered_rate is None and bool(point.valid)
             assert point.throughput_tok_s > 0
             assert point.context["loop"]["kind"] == "closed"
             records = store.requests(int(point.id))
             measured = [x for x in records if x.phase == "measure"]
             assert len(measured) == point.context["loop"]["n_in_window"] > 0
-            # A user sends its next request only after its reply: at most 6 in flight at once.
+            # A user sends its next request only after its reply: at most 4 in flight at once.
             events = sorted([(x.sent_s, 1) for x in records if x.sent_s is not None]
                             + [(x.last_token_s, -1) for x in records if x.last_token_s is not None])
             depth = peak = 0
             for _, step in events:
                 depth += step
                 peak = max(peak, depth)
-            assert peak <= 6
+            assert peak <= 4
         assert {v.bar_id: v.verdict for v in store.verdicts(exp.id)} == {
             "standard-goodput-at-users": "ACCEPT", "standard-attainment-at-users": "ACCEPT"}
     finally:
