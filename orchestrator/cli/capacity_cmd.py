@@ -109,6 +109,8 @@ def capacity(
     observed_engine: str | None = typer.Option(None, "--observed-engine",
                                                help="Runs whose fingerprint saw this engine version."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw capacity over time per group into this PNG file."),
+    pareto: bool = typer.Option(False, "--pareto", help="Instead: the Pareto front of stored load points per model "
+                                "and workload (throughput per GPU against per-user speed)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity over history (valid runs only), one row per comparable group: configuration,
@@ -133,6 +135,13 @@ def capacity(
     }
     from orchestrator.store import Store
 
+    if pareto:
+        if plot is not None or any(filters[k] is not None for k in ("input_tokens", "output_tokens", "backend",
+                                                                      "observed_gpu", "observed_engine")):
+            raise UserError("--pareto takes the configuration filters, --since, --workload and "
+                            "--simulated/--measured (not --plot, token ranges, --backend or --observed-*)")
+        _print_pareto(filters, as_json)
+        return
     if plot is not None and plot.suffix.lower() != ".png":
         raise UserError(f"--plot: {plot} must be a .png file")
     with Store.open() as store:
@@ -155,6 +164,40 @@ def capacity(
     _print_table(frame)
     if drawn is not None:
         say(f"capacity over time: {drawn.resolve()}")
+
+
+def _print_pareto(filters: dict[str, Any], as_json: bool) -> None:
+    from orchestrator.report.history import pareto_front
+    from orchestrator.store import Store
+
+    keep = ("model", "gpu", "layout", "since_days", "kv_cache_dtype", "max_num_seqs", "tp", "router_policy",
+            "engine_version", "workload", "simulated")
+    chosen = {k: filters[k] for k in keep if filters.get(k) is not None}
+    with Store.open() as store:
+        front = pareto_front(store.load_points(**chosen))
+    if as_json:
+        emit_json({"filters": chosen, "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]})
+        return
+    if front.empty:
+        say("no valid open-loop load points match these filters")
+        return
+    from rich.table import Table
+
+    table = Table(title="Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
+                  title_justify="left", header_style="bold")
+    for name in ("model", "workload", "source", "configuration", "rate req/s", "tok/s per user", "TPOT p50 ms",
+                 "tok/s per GPU"):
+        table.add_column(name, no_wrap=name not in ("configuration", "workload"))
+    previous = None
+    for r in front.to_dict("records"):
+        key = (r["model"], r["workload_sha256"], r["simulated"])
+        if previous is not None and key != previous:
+            table.add_section()
+        previous = key
+        table.add_row(r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+                      "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
+                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
+    _console().print(table)
 
 
 def _limits(r: Any) -> str:

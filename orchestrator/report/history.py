@@ -179,3 +179,29 @@ def settle_plan(
                   "compare": "B/A", "at_least": 1.0, "confidence": 0.95}],
         "backend": backend,
     }
+
+
+# -- Pareto front: throughput per GPU against per-user speed (`orch capacity --pareto`) ---------
+
+PARETO_COLUMNS = ("model", "workload", "workload_sha256", "simulated", "label", "gpu", "gpus", "offered_rate",
+                  "per_user_tok_s", "tok_s_per_gpu", "tpot_p50_ms", "run_id")
+
+
+def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
+    """Per model, workload and source (simulated or measured, never mixed), the stored load
+    points no other point beats on both throughput per GPU (output tok/s / GPUs) and per-user
+    speed (1 / median TPOT): the trade-off `vllm bench sweep` plots. Fastest per user first."""
+    if points.empty:
+        return pd.DataFrame(columns=list(PARETO_COLUMNS))
+    p = points.assign(per_user_tok_s=1.0 / points["tpot_p50_s"], tok_s_per_gpu=points["throughput_tok_s"] / points["gpus"],
+                      tpot_p50_ms=points["tpot_p50_s"] * 1000)
+    keep = []
+    for _, group in p.groupby(["model", "workload_sha256", "simulated"], sort=True):
+        best = -math.inf
+        # fastest per user first; within a speed, the higher throughput first
+        for idx, row in group.sort_values(["per_user_tok_s", "tok_s_per_gpu"], ascending=[False, False]).iterrows():
+            if row["tok_s_per_gpu"] > best:
+                keep.append(idx)
+                best = row["tok_s_per_gpu"]
+    front = p.loc[keep]
+    return front[list(PARETO_COLUMNS)].reset_index(drop=True)

@@ -21,6 +21,7 @@ from orchestrator.store.models import (
     CapacitySummary,
     DeploymentConfig,
     Experiment,
+    LoadPoint,
     Run,
     WorkloadSignatureRow,
 )
@@ -355,3 +356,49 @@ def workload_signatures(engine: sa.Engine, prefix: str | None = None) -> list[di
         stmt = stmt.where(ws.sha256.startswith(prefix.lower(), autoescape=True))
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def load_points(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
+    """Every valid open-loop load point of a valid finished run, with its configuration, the
+    run's comparable keys (workload, simulated) and its TPOT median: the input of a Pareto front
+    (report.history.pareto_front). Filters: the configuration filters of capacity_by_config and
+    workload, simulated, since_days. Points of runs with no capacity (no keys) are left out."""
+    dc = DeploymentConfig
+    since = filters.pop("since_days", None)
+    workload, simulated = filters.pop("workload", None), filters.pop("simulated", None)
+    filters.pop("service_class", None)  # a point serves every class at once
+    keys = (sa.select(Capacity.run_id, sa.func.max(Capacity.workload_sha256).label("workload_sha256"),
+                      sa.func.max(sa.cast(Capacity.simulated, sa.Integer)).label("simulated"))
+            .group_by(Capacity.run_id).subquery())
+    where = [Run.valid.is_(True), Run.status == "done", LoadPoint.valid.is_(True), LoadPoint.offered_rate.is_not(None),
+             LoadPoint.throughput_tok_s.is_not(None), keys.c.workload_sha256.is_not(None),
+             *_config_conditions(**filters)]
+    if workload is not None:
+        where.append(keys.c.workload_sha256.startswith(workload.lower(), autoescape=True))
+    if simulated is not None:
+        where.append(keys.c.simulated == int(bool(simulated)))
+    if since is not None:
+        where.append(Run.finished_at >= utcnow() - timedelta(days=since))
+    stmt = (
+        sa.select(dc.id.label("config_id"), dc.label, dc.model, dc.gpu, dc.gpus, keys.c.workload_sha256,
+                  keys.c.simulated, LoadPoint.run_id, LoadPoint.offered_rate, LoadPoint.throughput_tok_s,
+                  LoadPoint.percentiles)
+        .select_from(sa.join(LoadPoint, Run, Run.id == LoadPoint.run_id)
+                     .join(dc, dc.id == Run.config_id).join(keys, keys.c.run_id == Run.id))
+        .where(*where)
+    )
+    columns = ["config_id", "label", "model", "gpu", "gpus", "workload_sha256", "simulated", "run_id",
+               "offered_rate", "throughput_tok_s", "tpot_p50_s"]
+    with engine.connect() as conn:
+        rows = []
+        for r in conn.execute(stmt):
+            tpot = ((r.percentiles or {}).get("tpot_s") or {}).get("p50")
+            if isinstance(tpot, int | float) and tpot > 0:
+                rows.append((*r[:-1], float(tpot)))
+        frame = pd.DataFrame(rows, columns=columns)
+        shas = [str(x) for x in frame["workload_sha256"].unique()]
+        ws = WorkloadSignatureRow
+        names = dict(conn.execute(sa.select(ws.sha256, ws.summary).where(ws.sha256.in_(shas))).all()) if shas else {}
+    frame["simulated"] = frame["simulated"].astype(bool)
+    frame["workload"] = frame["workload_sha256"].map(names)
+    return frame

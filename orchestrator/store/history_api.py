@@ -45,3 +45,7 @@ class HistoryQueries:
     def workload_signatures(self, prefix: str | None = None) -> list[dict[str, Any]]:
         """See history.workload_signatures."""
         return history.workload_signatures(self.engine, prefix)
+
+    def load_points(self, **filters: Any) -> pd.DataFrame:
+        """See history.load_points."""
+        return history.load_points(self.engine, **filters)
