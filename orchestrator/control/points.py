@@ -180,7 +180,10 @@ class DuringScraper:
 def drain_seconds(plan: Plan) -> float:
     """How long to wait for in-flight requests after the last send: past this, a request has
     missed every class anyway (TTFT limit + TPOT limit per token), with margin."""
-    worst = max(c.ttft_ms / 1e3 + c.tpot_ms / 1e3 * plan.workload.output_tokens for c in plan.classes)
+    w = plan.workload
+    # Drawn reply lengths: wait for a long one (its clip, else 3x the mean), not the mean one.
+    longest = (w.output_dist.max or 3 * w.output_tokens) if w.output_dist is not None else w.output_tokens
+    worst = max(c.ttft_ms / 1e3 + c.tpot_ms / 1e3 * longest for c in plan.classes)
     return min(60.0, 1.5 * worst + 1.0)
 
 

@@ -155,17 +155,18 @@ class LiveSession(_Conversation):
 
     def __init__(self, workload: Workload, session_id: int, seed: int, prefix: list[str]):
         super().__init__(workload, session_id, seed, prefix)
-        self.session_id, self.prefix, self.turn = session_id, prefix, 0
+        self.session_id, self.prefix, self.turn, self.seed = session_id, prefix, 0, seed
 
     def first(self, request_id: int) -> RequestSpec:
-        return _spec(self.workload, request_id, self.session_id, 0, self.segments, self.prefix)
+        return _spec(self.workload, request_id, self.session_id, 0, self.segments, self.prefix, self.seed)
 
     def after_reply(self, reply_text: str, request_id: int) -> RequestSpec:
         """The next turn, once ``reply_text`` (the previous turn's returned text) is in."""
         self.segments.append(("assistant", reply_text.split()))
         self.segments.append(("user", _words(self.rng, self._followup_len())))
         self.turn += 1
-        return _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix)
+        return _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix,
+                     self.seed)
 
     def _followup_len(self) -> int:
         follow = self.workload.prompts.followup_tokens
@@ -175,8 +176,18 @@ class LiveSession(_Conversation):
         return max(1, first - shared_prefix_tokens(self.workload))
 
 
+def reply_tokens(workload: Workload, request_id: int, seed: int) -> int:
+    """Request ``request_id``'s reply length: ``output_tokens``, or a draw from ``output_dist``
+    that depends on (seed, request) alone."""
+    dist = workload.output_dist
+    if dist is None or dist.dist == "fixed" or dist.sigma == 0:
+        return workload.output_tokens
+    rng = np.random.default_rng(derive_seed(seed, "reply", request_id))
+    return int(sample_lengths(dist, 1, rng)[0])
+
+
 def _spec(workload: Workload, request_id: int, cid: int, turn: int,
-          segments: Sequence[tuple[str, list[str]]], prefix: Sequence[str]) -> RequestSpec:
+          segments: Sequence[tuple[str, list[str]]], prefix: Sequence[str], seed: int) -> RequestSpec:
     words = [w for _, seg in segments for w in seg]
     chat = workload.api == "chat"
     return RequestSpec(
@@ -186,7 +197,7 @@ def _spec(workload: Workload, request_id: int, cid: int, turn: int,
         prompt=" ".join(words),
         prompt_tokens=len(words),
         shared_prefix_tokens=len(prefix),
-        max_tokens=workload.output_tokens,
+        max_tokens=reply_tokens(workload, request_id, seed),
         prompt_hash=_hash(words[len(prefix) :]),
         messages=tuple((role, " ".join(seg)) for role, seg in segments) if chat else (),
     )
@@ -226,7 +237,7 @@ def iter_requests(workload: Workload, seed: int) -> Iterator[RequestSpec]:
         conv = convs.get(cid)
         if conv is None:
             conv = convs[cid] = _Conversation(workload, cid, seed, prefix)
-        yield _spec(workload, i, cid, turn, conv.turn_segments(turn), prefix)
+        yield _spec(workload, i, cid, turn, conv.turn_segments(turn), prefix, seed)
         if turn == p.turns - 1:
             del convs[cid]  # its last turn: free the history
 

@@ -9,7 +9,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from orchestrator.plan.base import CrossFieldError, StrictModel
 from orchestrator.plan.sources import DataFileError, DataSource, file_sha256, source_stats
 
-OPTIONAL_LATER_FIELDS = ("sessions", "source")
+OPTIONAL_LATER_FIELDS = ("sessions", "source", "output_dist")
 
 
 class LengthDist(StrictModel):
@@ -123,6 +123,11 @@ class Workload(StrictModel):
     output_tokens: int = Field(
         ge=1, le=1_000_000, description="Reply length, enforced with max_tokens + ignore_eos and checked (at most 1000000)."
     )
+    output_dist: LengthDist | None = Field(
+        default=None,
+        description="Reply lengths drawn per request from this distribution (each still enforced "
+        "and checked exactly); `output_tokens` is then its mean (filled in when absent).",
+    )
     api: Literal["completions", "chat"] = Field(default="completions", description="Endpoint used.")
     source: DataSource | None = Field(
         default=None,
@@ -139,6 +144,10 @@ class Workload(StrictModel):
             data = {**data, "arrival": {"process": "poisson"}}
         if isinstance(data, dict) and isinstance(data.get("source"), dict):
             data = _pin_source(data)
+        if isinstance(data, dict) and "output_tokens" not in data and isinstance(data.get("output_dist"), dict):
+            mean = data["output_dist"].get("mean")
+            if isinstance(mean, int | float) and not isinstance(mean, bool) and mean >= 1:
+                data = {**data, "output_tokens": max(1, round(mean))}
         return data
 
     @model_validator(mode="after")
@@ -150,6 +159,13 @@ class Workload(StrictModel):
         if self.source is not None and self.sessions is not None:
             raise CrossFieldError([("sessions", "sessions build their turns from the live replies; "
                                                 "a data `source` with sessions is not supported")])
+        if self.output_dist is not None and self.output_tokens != max(1, round(self.output_dist.mean)):
+            raise CrossFieldError([("output_tokens", f"with `output_dist`, output_tokens is its mean "
+                                                     f"({max(1, round(self.output_dist.mean))}); "
+                                                     "give one or make them agree")])
+        if self.source is not None and self.output_dist is not None:
+            raise CrossFieldError([("output_dist", "a data `source` sets reply lengths per request "
+                                                   "itself; remove `output_dist`")])
         if self.sessions is not None and self.closed is not None:
             raise CrossFieldError([("sessions", "sessions start on the open-loop clock (`arrival`); "
                                                 "remove `closed` or `sessions`")])
