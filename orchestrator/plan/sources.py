@@ -28,7 +28,7 @@ from pydantic import Field
 
 from orchestrator.plan.base import StrictModel
 
-MAX_FILE_BYTES = 1 << 30  # a plan names data, not a dump of everything: 1 GiB at most
+MAX_FILE_BYTES = 256 << 20  # bounded time and memory for any plan: 256 MiB at most
 MAX_LINES = 2_000_000
 SHA256 = r"^[0-9a-f]{64}$"
 
