@@ -1,0 +1,42 @@
+"""The workload signature (plan/signature.py): the hash covers the whole effective workload, the
+summary reads as people write it, and unknown shapes never raise."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from orchestrator.plan import Workload
+from orchestrator.plan.signature import signature_of_doc, summary_values, workload_signature
+
+
+def _workload(**changes: object) -> Workload:
+    doc: dict[str, object] = {"prompts": {"input_tokens": {"mean": 3000, "dist": "lognormal", "sigma": 0.3},
+                                          "shared_prefix": 0.2}, "output_tokens": 64}
+    doc.update(changes)
+    return Workload.model_validate(doc)
+
+
+def test_hash_is_the_sha256_of_the_whole_effective_dump() -> None:
+    w = _workload()
+    sig = workload_signature(w)
+    dump = w.model_dump(mode="json", by_alias=True)
+    assert sig.doc == dump and "api" in dump  # defaults are part of it (every effective value)
+    canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert sig.sha256 == hashlib.sha256(canonical.encode()).hexdigest()
+    assert workload_signature(_workload(api="chat")).sha256 != sig.sha256  # any field, not only lengths
+    assert workload_signature(_workload(arrival={"process": "poisson"})).sha256 == sig.sha256  # the default, written
+
+
+def test_summary_reads_like_the_issue_example() -> None:
+    assert workload_signature(_workload()).summary == "in 3000±900 / out 64 / prefix 0.2 / poisson"
+    closed = _workload(closed={"users": 32}, prompts={"input_tokens": {"mean": 500}, "turns": 4})
+    assert workload_signature(closed).summary == "in 500 / out 64 / 4 turns / closed(32 users)"
+    bursty = _workload(arrival={"process": "gamma", "burstiness": 0.5})
+    assert workload_signature(bursty).summary.endswith("/ gamma(0.5)")
+
+
+def test_an_unknown_workload_shape_gets_no_values_and_no_error() -> None:
+    sig = signature_of_doc({"kind": "trace", "file": "x.jsonl"})
+    assert (sig.summary, sig.input_mean, sig.output_tokens) == ("trace / poisson", None, None)
+    assert summary_values({})["summary"] == "poisson"
