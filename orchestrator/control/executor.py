@@ -52,6 +52,8 @@ class ExecutorConfig:
     ready_deadline_s: float | None = None  # None: the backend's start-up budget for the arm
     max_blocks: int | None = None  # run only this many blocks now (a later run resumes)
     generator_ceiling: float | None = None  # requests/s one process sustains (calibration)
+    max_shards: int = 1  # Ray load-generator shards a point may use above that ceiling
+    calibration: dict[str, Any] | None = None  # the calibration behind the ceiling (its steps)
     priors: dict[str, dict[str, float]] = field(default_factory=dict)  # arm -> class -> rate
     db_retry_budget_s: float | None = None  # None: ORCH_DB_RETRY_BUDGET_S, else 60 s
 
@@ -253,7 +255,10 @@ class Executor:
         dep: Deployment | None = None
         caps: dict[str, float] = {}
         points: dict[float, list[PointOutcome]] = {}  # rate -> every measurement of it
-        facts: dict[str, Any] = {"session": self.session, "generator_ceiling_rps": self.config.generator_ceiling}
+        facts: dict[str, Any] = {"session": self.session, "generator_ceiling_rps": self.config.generator_ceiling,
+                                 "generator_max_shards": self.config.max_shards}
+        if self.config.calibration is not None:
+            facts["generator_calibration"] = self.config.calibration
         fingerprint = Fingerprint(backend=self.backend.name)
 
         def record() -> dict[str, Any]:
@@ -267,7 +272,7 @@ class Executor:
             fingerprint = dep.fingerprint  # ready() adds what it observed (nodes, images, versions)
             facts["ready_at"] = time.time()
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
-                                 self.config.generator_ceiling)
+                                 self.config.generator_ceiling, self.config.max_shards)
             runner.warm_up(dep, arm, block, attempt)
             if plan.workload.closed is not None:
                 # Closed loop: one point at the plan's N users; no capacity (open loop only).
@@ -317,11 +322,11 @@ class Executor:
         passes there is stored censored at_ceiling) and fed every measurement taken so far."""
         s = plan.search
         caps: dict[str, float] = {}
-        ceiling = self.config.generator_ceiling
+        ceiling = self._ceiling(plan)
         if ceiling is not None and ceiling <= s.rate.min:
-            raise RunInvalid(f"the generator's calibrated ceiling {ceiling:.3g} req/s is at or below "
-                             f"search.rate.min {s.rate.min:.3g} req/s: no load point can be measured; use Ray "
-                             "shards (orch submit) or lower search.rate.min")
+            raise RunInvalid(f"the generator's calibrated ceiling {ceiling:.3g} req/s (over {self._shards(plan)} "
+                             f"process(es)) is at or below search.rate.min {s.rate.min:.3g} req/s: no load point "
+                             "can be measured; allow more Ray shards or lower search.rate.min")
         for cls in plan.classes:
             prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
             search = CapacitySearch(s.rate.min, s.rate.max, s.precision, s.attainment, s.max_points,
@@ -344,10 +349,11 @@ class Executor:
                cls: str | None) -> PointOutcome:
         """One load point. The search never asks above the generator's ceiling; a bar's fixed
         rate above it (known only now: the ceiling is measured at run time) voids the run."""
-        ceiling = self.config.generator_ceiling
+        ceiling = self._ceiling(plan)
         if cls is None and ceiling is not None and rate > ceiling:
             raise RunInvalid(f"bar rate {rate:.3g} req/s is above the generator's calibrated ceiling "
-                             f"{ceiling:.3g} req/s: use Ray shards (orch submit) or a bar rate at or below it")
+                             f"{ceiling:.3g} req/s over {self._shards(plan)} process(es): allow more Ray "
+                             "shards or a bar rate at or below it")
         self._ensure_owner()
         self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
                                     plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
@@ -363,6 +369,16 @@ class Executor:
             failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
             raise RunInvalid(f"guard failed at {rate:.3g} req/s: {failed}")
         return p
+
+    def _shards(self, plan: Plan) -> int:
+        # Live sessions keep one process: a session's turns must stay on the shard it started on.
+        return 1 if plan.workload.sessions is not None else max(1, self.config.max_shards)
+
+    def _ceiling(self, plan: Plan) -> float | None:
+        """The highest rate the generator holds: one process's calibrated ceiling times the Ray
+        shards a point may use (None: not calibrated)."""
+        one = self.config.generator_ceiling
+        return None if one is None else one * self._shards(plan)
 
     def _closed_point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
                       runner: PointRunner, points: dict[float, list[PointOutcome]]) -> PointOutcome:

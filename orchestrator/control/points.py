@@ -4,6 +4,7 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from orchestrator.control.spool import SpoolingSink
 from orchestrator.errors import PermanentError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
-from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
+from orchestrator.loadgen.schedules import open_loop_offsets, point_phases, shards_needed
 from orchestrator.loadgen.scrape import Sample, parse_metrics
 from orchestrator.loadgen.sessions import run_sessions
 from orchestrator.loadgen.workloads import (
@@ -35,6 +36,20 @@ from orchestrator.records import RequestRecord
 
 T = TypeVar("T")
 ERROR_STATUSES = ("http_error", "disconnect", "timeout")
+
+
+def _run_sharded(url: str, model: str, requests: Sequence[RequestSpec], offsets: np.ndarray,
+                 phases: Sequence[str], shards: int, kwargs: dict[str, Any]) -> PointSummary:
+    """One point over ``shards`` Ray actors with one shared start time: on the cluster's Ray
+    under `orch submit` (already connected), else a local Ray started here once."""
+    import ray
+
+    from orchestrator.loadgen.shards import run_point_sharded
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
+                 log_to_driver=False, ignore_reinit_error=True)
+    return run_point_sharded(url, model, requests, offsets, phases, shards, **kwargs)
 
 
 def _taking(specs: Iterator[RequestSpec], taken: list[RequestSpec]) -> Iterator[RequestSpec]:
@@ -200,12 +215,14 @@ def _flush_within(sink: SpoolingSink, budget_s: float) -> bool:
 class PointRunner:
     """Measures load points of one run and stores everything as it goes."""
 
-    def __init__(self, store, backend: Backend, plan: Plan, spool_dir: Path, generator_ceiling: float | None):
+    def __init__(self, store, backend: Backend, plan: Plan, spool_dir: Path, generator_ceiling: float | None,
+                 max_shards: int = 1):
         self.store = store
         self.backend = backend
         self.plan = plan
         self.spool_dir = spool_dir
         self.ceiling = generator_ceiling
+        self.max_shards = max(1, max_shards)
         # Prompt blocks this run's servers were sent (warm-up, earlier points): a data file's
         # shared parts stay in their caches from point to point, so its bound counts them.
         self.seen_blocks: set[int] = set()
@@ -268,15 +285,28 @@ class PointRunner:
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
+        shards = self.shards_for(rate)
+        kwargs: dict[str, Any] = dict(api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
+                                      deadline_s=duration + drain_seconds(plan), keep_records=True,
+                                      headers=dict(dep.endpoint.headers))
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            summary = asyncio.run(run_point(
-                dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
-                api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
-                deadline_s=duration + drain_seconds(plan), keep_records=True,
-                headers=dict(dep.endpoint.headers),
-            ))
+            if shards > 1:
+                summary = _run_sharded(dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
+                                       shards, kwargs)
+            else:
+                summary = asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
+                                                phases, **kwargs))
+        loop = {"kind": "open", "shards": shards, "per_shard_ceiling_rps": self.ceiling} if shards > 1 else None
         return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
-                              sink, before, before_t, during, started, seed, offered_rate=rate)
+                              sink, before, before_t, during, started, seed, offered_rate=rate,
+                              loop=loop, shards=shards)
+
+    def shards_for(self, rate: float) -> int:
+        """Load-generator processes a point at ``rate`` needs: one while one process holds the
+        rate (its calibrated ceiling), else enough Ray shards to hold it, up to ``max_shards``."""
+        if self.ceiling is None or self.max_shards <= 1 or self.plan.workload.sessions is not None:
+            return 1
+        return shards_needed(rate, self.ceiling, self.max_shards)
 
     def _measure_sessions(self, dep: Deployment, run_id: int, arm: str, seq: int, rate: float,
                           search_class: str | None, seed: int, starts: np.ndarray) -> PointOutcome:
@@ -343,7 +373,7 @@ class PointRunner:
                   search_class: str | None, requests: Sequence[RequestSpec], summary: PointSummary,
                   sink: SpoolingSink, before: list[Sample], before_t: float, during: DuringScraper,
                   started: float, seed: int, offered_rate: float | None,
-                  loop: dict[str, Any] | None = None) -> PointOutcome:
+                  loop: dict[str, Any] | None = None, shards: int = 1) -> PointOutcome:
         """Metrics, guards and storage of a point that has run (open or closed loop)."""
         plan, s = self.plan, self.plan.search
         after_t, after = time.time(), scrape_samples(self.backend, dep)
@@ -359,7 +389,9 @@ class PointRunner:
             expected_prefix_hit_rate=(content_prefix_hit_rate(requests, self.seen_blocks)
                                       if plan.workload.source is not None else ideal_prefix_hit_rate(requests)),
             server_prefix_hit_rate=hit,
-            generator_ceiling_rate=self.ceiling, offered_rate=offered_rate,
+            # N shards each hold the one-process ceiling; the guard judges the merged schedule.
+            generator_ceiling_rate=None if self.ceiling is None else self.ceiling * shards,
+            offered_rate=offered_rate,
             shared_prefix_tokens=requests[0].shared_prefix_tokens if requests else 0,
             service_class=judged_class, attainment_threshold=s.attainment,
             sim_lateness_p99_s=sim_lateness_p99(before, after),

@@ -69,6 +69,10 @@ def choose_backend(plan: Plan, backend: str | None) -> str:
     return chosen
 
 
+def _calibration_path(plan: Plan, root: Path) -> Path:
+    return root / f"calibration-{__version__}-{os.cpu_count()}-{plan.workload.output_tokens}-{plan.workload.api}.json"
+
+
 def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
     """Requests/s one generator process sustains with p99 send lag < 1 ms for this reply length,
     measured against a null server and cached for a day (ORCH_SKIP_CALIBRATION=1 skips it).
@@ -77,7 +81,7 @@ def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | 
     if os.environ.get("ORCH_SKIP_CALIBRATION") == "1":
         return None
     out = plan.workload.output_tokens
-    path = root / f"calibration-{__version__}-{os.cpu_count()}-{out}-{plan.workload.api}.json"
+    path = _calibration_path(plan, root)
     if not refresh and path.exists():
         try:
             doc = json.loads(path.read_text())
@@ -92,6 +96,28 @@ def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | 
     if cal.ceiling_rate > 0:
         path.write_text(json.dumps({"at": time.time(), **cal.to_dict()}, default=str))
     return cal.ceiling_rate or None
+
+
+def calibration_record(plan: Plan, root: Path) -> dict[str, Any] | None:
+    """The cached calibration behind the ceiling (its steps), to be stored with each run."""
+    try:
+        doc = json.loads(_calibration_path(plan, root).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def max_shards() -> int:
+    """Ray load-generator shards a point may use above one process's ceiling:
+    ORCH_LOADGEN_MAX_SHARDS, else one per core (at most 8). A point uses one process whenever
+    that holds its rate; Ray starts only for a point that needs more."""
+    raw = os.environ.get("ORCH_LOADGEN_MAX_SHARDS")
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            raise UserError(f"ORCH_LOADGEN_MAX_SHARDS={raw!r}: give a whole number of shards (1: no Ray)") from None
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 def simulator_priors(plan: Plan) -> dict[str, dict[str, float]]:
@@ -128,7 +154,9 @@ def build_executor(
         progress.note("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); "
                       "no ceiling enforced, the generator-lag guard still judges every point")
     priors = simulator_priors(plan) if plan.search.use_prior and be.name in PRIOR_BACKENDS else {}
-    config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors)
+    config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors,
+                            max_shards=max_shards(),
+                            calibration=calibration_record(plan, root) if ceiling is not None else None)
     return Executor(store, be, config, progress, session=session, take_over=take_over)
 
 

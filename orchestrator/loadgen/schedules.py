@@ -10,6 +10,7 @@ one so they face the same arrivals.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -97,6 +98,14 @@ def phase_at(offset: float, warmup_s: float, measure_s: float) -> str:
     if offset < warmup_s:
         return WARMUP
     return MEASURE if offset < warmup_s + measure_s else COOLDOWN
+
+
+def shards_needed(rate: float, ceiling_rate: float, max_shards: int) -> int:
+    """Generator processes that hold ``rate`` when one holds ``ceiling_rate``, at most
+    ``max_shards`` (pure twin of ``shards.shards_for``, which needs Ray to import)."""
+    if ceiling_rate <= 0 or max_shards <= 1:
+        return 1
+    return max(1, min(max_shards, math.ceil(rate / ceiling_rate)))
 
 
 def split_shards(n: int, shards: int) -> list[list[int]]:

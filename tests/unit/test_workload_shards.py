@@ -1,0 +1,27 @@
+"""How many generator processes a point needs (pure) and the ceiling a search may reach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.control.executor import Executor, ExecutorConfig
+from orchestrator.loadgen.schedules import shards_needed
+from orchestrator.plan import Workload
+
+
+def test_one_process_while_it_holds_the_rate_then_enough_shards() -> None:
+    assert shards_needed(1.4, 1.5, 4) == 1
+    assert shards_needed(1.6, 1.5, 4) == 2
+    assert shards_needed(100, 1.5, 4) == 4  # capped: the search never asks above 4 x 1.5
+    assert shards_needed(100, 1.5, 1) == 1
+
+
+def test_the_search_ceiling_is_one_process_times_the_shards(tmp_path: Path) -> None:
+    from tests.e2e.helpers import small_plan
+
+    ex = Executor(None, None, ExecutorConfig(state_dir=tmp_path, generator_ceiling=1.5, max_shards=3))  # type: ignore[arg-type]
+    plan = small_plan()
+    assert ex._ceiling(plan) == 4.5
+    sessions = small_plan(workload={**plan.workload.model_dump(), "sessions": {"think": {"mean_s": 1}}})
+    assert isinstance(sessions.workload, Workload) and ex._ceiling(sessions) == 1.5  # sessions: one process
+    assert Executor(None, None, ExecutorConfig(state_dir=tmp_path))._ceiling(plan) is None  # type: ignore[arg-type]
