@@ -64,12 +64,22 @@ def fit(
     name: str = typer.Option(None, "--name", help="Name of the profile."),
     kv_cache_bytes: float = typer.Option(None, "--kv-cache-bytes", min=1, help="KV cache of one engine "
                                          "(default: from GPU memory; a CPU probe: 1 GiB, the local backend's)."),
+    install: bool = typer.Option(False, "--install", help="Write it to the installed profiles (ORCH_PROFILES_DIR "
+                                 "or the user's data directory), which plan simulate, the pre-run power check "
+                                 "and the search priors of kubernetes runs use for arms of its GPU."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Turn a probe file into a device profile for `orch plan simulate --profile`."""
+    from orchestrator.control.dryrun import profiles_dir
     from orchestrator.sim.profiles import fit_profile, read_probe, write_profile
 
     profile = fit_profile(read_probe(probe_file), name=name, gpu=gpu, kv_cache_bytes=kv_cache_bytes)
+    if install:
+        if out is not None:
+            raise UserError("give --out or --install, not both")
+        if profile.gpu is None:
+            raise UserError("an installed profile names its GPU: give --gpu (the probed device matches none)")
+        out = profiles_dir() / f"{profile.gpu}.json"
     out = out or probe_file.with_suffix(".profile.json")
     write_profile(profile, out)
     if as_json:

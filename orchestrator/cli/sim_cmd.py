@@ -134,10 +134,11 @@ def simulate(
     profile: list[Path] = typer.Option([], "--profile", help="Device profile file (`orch device fit`): arms "
                                        "of its GPU (every arm if it names none) run at its measured rates."),
     profiles_dir: Path = typer.Option(None, "--profiles", help="Directory of device profiles; each arm "
-                                      "takes the one of its GPU (matched by the probed device's fingerprint)."),
+                                      "takes the one of its GPU (matched by the probed device's fingerprint). "
+                                      "Default: the installed ones (`orch device fit --install`)."),
 ) -> None:
     """Dry run in virtual time: predicted capacity per arm and class, verdicts, power, GPU-hours."""
-    from orchestrator.control.dryrun import simulate_plan
+    from orchestrator.control.dryrun import installed_profiles, simulate_plan
     from orchestrator.sim.profiles import profiles_in, read_profile
 
     plan = load_plan_file(plan_file)
@@ -145,6 +146,8 @@ def simulate(
         raise UserError("plan simulate searches capacity, which comes from open-loop runs only; "
                         "this workload is closed loop (workload.closed)")
     measured = [read_profile(p) for p in profile] + (profiles_in(profiles_dir) if profiles_dir else [])
+    if not profile and profiles_dir is None:
+        measured = installed_profiles()  # `orch device fit --install`
     result = simulate_plan(plan, replications=replications, seed=seed, profiles=measured)
     if as_json:
         emit_json(result.to_dict())

@@ -21,6 +21,7 @@ cool-down and drain) for each block.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from platformdirs import user_cache_dir
+from platformdirs import user_cache_dir, user_data_dir
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
@@ -50,7 +51,7 @@ from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan import Plan, plan_hash
 from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
 from orchestrator.sim.model import DeviceProfile
-from orchestrator.sim.profiles import profile_for
+from orchestrator.sim.profiles import profile_for, profiles_in
 
 # Efficiency jitter (sigma of its log) a dry run assumes when the plan sets none: a few percent
 # run to run is what repeated vLLM benchmarks on one node show. Not in the seed notes.
@@ -162,18 +163,33 @@ class ArmSimulator:
         return {c.name: self.search(c.name, (priors or {}).get(c.name)) for c in self.plan.classes}
 
 
-def predicted_capacity_rates(plan: Plan) -> dict[str, dict[str, float]]:
+def profiles_dir() -> Path:
+    """Where installed device profiles live (`orch device fit --install`): ORCH_PROFILES_DIR or
+    the user's data directory."""
+    return Path(os.environ.get("ORCH_PROFILES_DIR") or Path(user_data_dir("orchestrator")) / "profiles")
+
+
+def installed_profiles() -> list[DeviceProfile]:
+    """Every installed device profile (none when the directory does not exist)."""
+    d = profiles_dir()
+    return profiles_in(d) if d.is_dir() else []
+
+
+def predicted_capacity_rates(plan: Plan, profiles: Sequence[DeviceProfile] | None = None) -> dict[str, dict[str, float]]:
     """Rate (requests/s) at which each arm's capacity of each class was found in virtual time
     (noise off): the prior of a real run's capacity search. Short points, coarse precision: a
     few seconds for the quickstart plan. A class with no passing rate gets the bracket's low end
-    or the plan's lowest rate."""
+    or the plan's lowest rate. An arm whose GPU has an installed profile is simulated on it
+    when the plan runs on real GPUs (backend kubernetes; the sim backend runs the datasheet)."""
     if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
         return {}
+    if profiles is None:
+        profiles = installed_profiles() if plan.backend == "kubernetes" else []
     windows = DryWindows.for_plan(plan, PRIOR_MEASURE_S, PRIOR_WARMUP_S, DRY_COOLDOWN_S,
                                   max(plan.search.precision, PRIOR_PRECISION))
     out: dict[str, dict[str, float]] = {}
     for arm in plan.arms:
-        sim = ArmSimulator(plan, arm, windows, plan.design.seed)
+        sim = ArmSimulator(plan, arm, windows, plan.design.seed, profile=profile_for(plan.arm(arm).gpu, list(profiles)))
         out[arm] = {name: _rate_of(res, plan) for name, res in sim.search_all().items()}
     return out
 
@@ -490,7 +506,8 @@ def _finite(x: float) -> float | None:
 # cannot answer its question: `orch run` and `orch submit` say so and ask before spending
 # GPU-hours. 0.5: the run is more likely than not to end INCONCLUSIVE or REJECT.
 LOW_POWER = 0.5
-# Part of the cache key of a dry run: change it when the simulator's predictions change.
+# Part of the cache key of a dry run (with the installed device profiles): change it when the
+# simulator's predictions change.
 MODEL_REVISION = "issue-21-step-model"
 POWER_CHECK_REPLICATIONS = 200
 
@@ -544,14 +561,17 @@ def power_check(plan: Plan, cache_dir: Path | None = None) -> PowerCheck:
     if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
         return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped="the simulator cannot predict this plan "
                           "(closed loop or external arms)")
-    path = (cache_dir or dry_run_cache_dir()) / f"{sha}-{MODEL_REVISION}-{POWER_CHECK_REPLICATIONS}.json"
+    profiles = installed_profiles()
+    key = hashlib.sha256(json.dumps([MODEL_REVISION, POWER_CHECK_REPLICATIONS]
+                                    + [p.model_dump(mode="json") for p in profiles]).encode()).hexdigest()[:16]
+    path = (cache_dir or dry_run_cache_dir()) / f"{sha}-{key}.json"
     cached = True
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = False
         try:
-            result = simulate_plan(plan, replications=POWER_CHECK_REPLICATIONS)
+            result = simulate_plan(plan, replications=POWER_CHECK_REPLICATIONS, profiles=profiles)
         except ValueError as e:  # e.g. no spread between blocks in the model
             return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped=f"dry run: {e}")
         doc = {"gpu_hours": result.gpu_hours, "bars": [b.to_dict() for b in result.bars]}

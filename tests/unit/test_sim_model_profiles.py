@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.plan import MODELS, EngineConfig
+from orchestrator.plan import MODELS, EngineConfig, plan_hash
 from orchestrator.sim.model import DeviceProfile
 from orchestrator.sim.profiles import (
     CPU_KV_CACHE_BYTES,
@@ -18,6 +18,7 @@ from orchestrator.sim.profiles import (
     gpu_of_fingerprint,
     profile_for,
     read_probe,
+    read_profile,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +76,39 @@ def test_sim_vs_gpu_regenerates_the_issue_table_before_column() -> None:
     assert [round(float(r["before"]) * 1e3, 2) for r in table] == pytest.approx(issue, abs=0.06)
     assert [float(r["measured"]) * 1e3 for r in table] == pytest.approx(
         [5.28, 6.53, 9.91, 24.17, 17.68, 45.28, 21.76, 54.97, 252.9])
+
+
+def test_installed_profiles_drive_the_priors_of_gpu_runs_and_key_the_power_check(tmp_path: Path, monkeypatch) -> None:
+    from orchestrator.control.dryrun import (
+        installed_profiles,
+        power_check,
+        predicted_capacity_rates,
+    )
+    from orchestrator.plan import load_plan_file
+    from orchestrator.sim.profiles import write_profile
+
+    plan = load_plan_file(ROOT / "tests" / "e2e" / "plans" / "k8s-quickstart.yaml")  # H200, kubernetes
+    monkeypatch.setenv("ORCH_PROFILES_DIR", str(tmp_path / "profiles"))
+    assert installed_profiles() == []
+    sheet = predicted_capacity_rates(plan)
+    first = power_check(plan, tmp_path / "cache")
+    # A device far slower than the datasheet's H200 (the plan's 3-point search is coarse).
+    slow = fit_profile(read_probe(H200_PROBE)).model_copy(
+        update={"bandwidth_bytes_s": 0.3e12, "flops": 50e12, "flops_by_tokens": (), "kv_bandwidth_by_batch": ()})
+    write_profile(slow, tmp_path / "profiles" / "H200.json")
+    assert installed_profiles() == [slow]
+    measured = predicted_capacity_rates(plan)
+    assert measured["A"]["standard"] < sheet["A"]["standard"]
+    assert predicted_capacity_rates(plan.model_copy(update={"backend": "sim"})) == sheet
+    assert not power_check(plan, tmp_path / "cache").cached  # another device, another dry run
+    assert power_check(plan, tmp_path / "cache").cached and first.sha256 == plan_hash(plan)
+
+
+def test_device_fit_install_writes_the_profile_of_its_gpu(tmp_path: Path, monkeypatch, capsys) -> None:
+    from orchestrator.cli.main import main
+
+    monkeypatch.setenv("ORCH_PROFILES_DIR", str(tmp_path / "profiles"))
+    assert main(["device", "fit", str(H200_PROBE), "--install"]) == 0
+    assert read_profile(tmp_path / "profiles" / "H200.json") == fit_profile(read_probe(H200_PROBE))
+    assert main(["device", "fit", str(H200_PROBE), "--install", "--out", str(tmp_path / "x.json")]) == 1
+    assert "give --out or --install, not both" in capsys.readouterr().err
