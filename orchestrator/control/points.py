@@ -19,7 +19,7 @@ from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
 from orchestrator.control.spool import SpoolingSink
-from orchestrator.errors import PermanentError
+from orchestrator.errors import PermanentError, TransientError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases, shards_needed
@@ -49,6 +49,14 @@ def _run_sharded(url: str, model: str, requests: Sequence[RequestSpec], offsets:
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
+    # Each shard takes a CPU; shards that cannot all be placed would wait for ever (inside a
+    # controller task on a small cluster, say): say so and let the run be retried later.
+    deadline = time.monotonic() + 10.0  # the last point's shards give their CPUs back shortly
+    while (free := ray.available_resources().get("CPU", 0.0)) < shards and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if free < shards:
+        raise TransientError(f"the point needs {shards} load-generator shards (one CPU each) but Ray has "
+                             f"{free:g} CPU free: add Ray workers or lower ORCH_LOADGEN_MAX_SHARDS", delay=30.0)
     return run_point_sharded(url, model, requests, offsets, phases, shards, **kwargs)
 
 
