@@ -29,6 +29,7 @@ from orchestrator.loadgen.workloads import (
     RequestSpec,
     expected_prefix_hit_rate,
     ideal_prefix_hit_rate,
+    session_prefix_hit_rate,
 )
 from orchestrator.plan import Plan
 from orchestrator.plan.sources import DataFileError
@@ -264,6 +265,14 @@ class PointRunner:
         self._saw(requests)
         settle(self.backend, dep)
 
+    def _ideal_hit_rate(self, requests: Sequence[RequestSpec]) -> float:
+        """The workload's upper bound on the server's prefix-cache hit rate (repeat guard)."""
+        if self.plan.workload.source is not None:
+            return content_prefix_hit_rate(requests, self.seen_blocks)
+        if self.plan.workload.sessions is not None:
+            return session_prefix_hit_rate(requests)
+        return ideal_prefix_hit_rate(requests)
+
     def _saw(self, requests: Sequence[RequestSpec]) -> None:
         if self.plan.workload.source is not None:  # only a data file's bound reads them
             content_prefix_hit_rate(requests, self.seen_blocks)
@@ -394,8 +403,7 @@ class PointRunner:
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
             n_scheduled=n_measured, window_s=s.point_s,
-            expected_prefix_hit_rate=(content_prefix_hit_rate(requests, self.seen_blocks)
-                                      if plan.workload.source is not None else ideal_prefix_hit_rate(requests)),
+            expected_prefix_hit_rate=self._ideal_hit_rate(requests),
             server_prefix_hit_rate=hit,
             # N shards each hold the one-process ceiling; the guard judges the merged schedule.
             generator_ceiling_rate=None if self.ceiling is None else self.ceiling * shards,

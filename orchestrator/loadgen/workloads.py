@@ -18,6 +18,7 @@ real traffic; after C x turns requests a new generation of C conversations start
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -58,6 +59,9 @@ class RequestSpec:
     prompt_hash: str  # hash of the prompt beyond the shared prefix
     # Chat only: (role, content) in order; the contents joined by one space equal ``prompt``.
     messages: tuple[tuple[str, str], ...] = ()
+    # Live sessions: leading tokens the server has seen before as the previous turn's prompt and
+    # its own reply (what a cache of generated blocks may reuse); 0 otherwise.
+    history_tokens: int = 0
 
 
 def sample_lengths(dist: LengthDist, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -163,10 +167,11 @@ class LiveSession(_Conversation):
     def after_reply(self, reply_text: str, request_id: int) -> RequestSpec:
         """The next turn, once ``reply_text`` (the previous turn's returned text) is in."""
         self.segments.append(("assistant", reply_text.split()))
+        history = sum(len(seg) for _, seg in self.segments)
         self.segments.append(("user", _words(self.rng, self._followup_len())))
         self.turn += 1
-        return _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix,
-                     self.seed)
+        spec = _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix, self.seed)
+        return dataclasses.replace(spec, history_tokens=history)
 
     def _followup_len(self) -> int:
         follow = self.workload.prompts.followup_tokens
@@ -299,6 +304,20 @@ def expected_prefix_hit_rate(requests: Sequence[RequestSpec], workers: int, poli
         served.add(w)
         seen[w] = max(seen.get(w, 0), r.prompt_tokens)
         holder[r.conversation_id] = w
+    return hit / total if total else 0.0
+
+
+def session_prefix_hit_rate(requests: Sequence[RequestSpec]) -> float:
+    """Upper bound for live sessions: one unbounded cache that keeps the shared prefix once it
+    has served anything, and for a later turn its previous prompt and the reply the server
+    generated (vLLM caches full blocks of generated tokens too), in whole 16-token blocks."""
+    served = False
+    hit = total = 0
+    for r in requests:
+        best = max(r.shared_prefix_tokens if served else 0, r.history_tokens)
+        hit += _block_aligned(best, r.prompt_tokens)
+        total += r.prompt_tokens
+        served = True
     return hit / total if total else 0.0
 
 

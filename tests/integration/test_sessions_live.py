@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.loadgen.schedules import think_time
 from orchestrator.loadgen.sessions import run_sessions
-from orchestrator.loadgen.workloads import RequestSpec
+from orchestrator.loadgen.workloads import RequestSpec, session_prefix_hit_rate
 from orchestrator.plan import MODELS, gpu
 from orchestrator.plan.workload import Workload
 from orchestrator.sim.engine import ClusterSpec
@@ -76,8 +76,12 @@ def test_later_turns_wait_for_the_reply_and_carry_its_text(server: str) -> None:
             assert _blake(" " + assistants[-1]) == prev.output_hash
             prev_spec = specs[prev.request_id]
             assert specs[rec.request_id].prompt.startswith(prev_spec.prompt + " " + assistants[-1])
-    # Every turn is a distinct prompt beyond the shared prefix (the repeat guard's view).
+    # Every turn is a distinct prompt beyond the shared prefix (the repeat guard's view), and
+    # the server's cache hits stay within the bound the real history allows (and use it).
     assert len({r.prompt_hash for r in records.values()}) == len(records)
+    served = sum(r.cached_tokens or 0 for r in records.values()) / sum(r.prompt_tokens for r in records.values())
+    bound = session_prefix_hit_rate([specs[i] for i in sorted(specs)])
+    assert 0 < served <= bound + 1e-9, (served, bound)
 
 
 def test_a_failed_turn_ends_its_session_with_the_next_turn_a_miss() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.errors import PlanError
 from orchestrator.loadgen.schedules import think_time
-from orchestrator.loadgen.workloads import LiveSession, shared_prefix_words
+from orchestrator.loadgen.workloads import LiveSession, session_prefix_hit_rate, shared_prefix_words
 from orchestrator.plan import load_plan_file, plan_hash, validate_plan
 from orchestrator.plan.workload import ThinkTime, Workload
 from tests.unit.test_workload_closed import ROOT, _example_data
@@ -52,5 +52,10 @@ def test_live_session_turns_carry_the_given_reply_after_the_previous_prompt() ->
     assert t1.messages[2] == ("assistant", "gold iron salt")
     assert t1.prompt_tokens == len(t1.prompt.split()) > t0.prompt_tokens + 3
     assert t0.prompt.split()[: len(prefix)] == prefix and t1.shared_prefix_tokens == len(prefix)
+    # What the server saw before: the previous prompt and its own reply (a cache of generated
+    # blocks may reuse it); the repeat guard's bound counts it, in whole 16-token blocks.
+    assert (t0.history_tokens, t1.history_tokens) == (0, t0.prompt_tokens + 3)
+    bound = session_prefix_hit_rate([t0, t1])
+    assert bound == ((t1.history_tokens // 16) * 16) / (t0.prompt_tokens + t1.prompt_tokens)
     # Another session never repeats this one's prompt beyond the prefix (the nonce).
     assert LiveSession(w, 13, 3, prefix).first(52).prompt_hash != t0.prompt_hash
