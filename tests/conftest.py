@@ -19,7 +19,8 @@ REQUIRED_TIERS = ("unit", "integration", "e2e", "vllm")
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that start a Ray head: under pytest-xdist they share one worker (two Ray clusters at
 # once on a 2-core machine starve each other's tests).
-RAY_MODULES = {"test_controller.py", "test_controller_serve.py", "test_loadgen_shards.py", "test_k8s_submit.py"}
+RAY_MODULES = {"test_controller.py", "test_controller_serve.py", "test_loadgen_shards.py", "test_k8s_submit.py",
+               "test_workload_shards.py"}
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
 
