@@ -33,6 +33,8 @@ def capacity_trends(store, by_config: pd.DataFrame, since_days: float | None = N
         trend = store.config_trend(int(config_id), cls, since_days, **found)
         if not trend.empty:
             label = g["label"].iloc[0] + (" [simulated]" if found.get("simulated") else "")
+            if "workload" in g.columns and isinstance(g["workload"].iloc[0], str) and by_config["workload_sha256"].nunique() > 1:
+                label += f" | {g['workload'].iloc[0]}"  # several workloads drawn: say which line is which
             parts.append(trend.assign(config_id=int(config_id), label=label))
     if not parts:
         return pd.DataFrame(columns=["measured_at", "run_id", "experiment", "class", "capacity",

@@ -284,19 +284,20 @@ def capacity_per_gpu(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     if by_config.empty:
         return pd.DataFrame(columns=columns)
     by_config = by_config.assign(per_gpu=by_config["median"] / by_config["gpus"])
-    rows = []
     keys = ["gpu", "model", "class", "workload_sha256", "simulated"]
-    for (gpu, model, cls, wl, sim), group in by_config.groupby(keys, sort=True):
-        best = group.loc[group["per_gpu"].idxmax()]
-        rows.append({
-            "gpu": gpu, "model": model, "class": cls, "workload_sha256": wl, "workload": best["workload"],
-            "simulated": bool(sim), "configs": len(group),
-            "runs": int(group["runs"].sum()), "best_per_gpu": best["per_gpu"],
-            "best_config_id": int(best["config_id"]), "best_label": best["label"],
-            "median_per_gpu": float(group["per_gpu"].median()),
-            "last_measured": group["last_measured"].max(),
-        })
-    return pd.DataFrame(rows, columns=columns)
+    # the best of each group: the first highest per-GPU figure in capacity_by_config's order
+    best = by_config.sort_values("per_gpu", ascending=False, kind="stable").drop_duplicates(keys)
+    best = best[[*keys, "workload", "per_gpu", "config_id", "label"]].rename(
+        columns={"per_gpu": "best_per_gpu", "config_id": "best_config_id", "label": "best_label"})
+    stats = by_config.groupby(keys, sort=True).agg(
+        configs=("config_id", "size"), runs=("runs", "sum"), median_per_gpu=("per_gpu", "median"),
+        last_measured=("last_measured", "max"),
+    ).reset_index()
+    out = stats.merge(best, on=keys, how="left")
+    out["simulated"] = out["simulated"].astype(bool)
+    out["best_config_id"] = out["best_config_id"].astype(int)
+    out["runs"] = out["runs"].astype(int)
+    return out[columns].reset_index(drop=True)
 
 
 def best_config(
