@@ -21,8 +21,8 @@ signature, class limits and backend kind; simulated and measured capacities are 
 
 Back-fill: each capacity's keys come from its run's registration, read as plain JSON (no
 orchestrator import: a revision keeps meaning what it meant): the workload section hashed as
-canonical JSON (sort_keys, compact: what ``orchestrator.plan.signature`` does to the effective
-dump a registration stores), the class's limits from the plan's ``classes``, the plan's
+canonical JSON (sort_keys, compact, null-valued keys left out: what
+``orchestrator.plan.signature`` does to the effective dump a registration stores), the class's limits from the plan's ``classes``, the plan's
 ``backend``; ``simulated`` when the backend is sim or the run's engine version starts with
 ``sim-``. ``Store.rebuild_capacity_summaries`` derives the keys again with the plan language of
 its day (after a change of the workload language).
@@ -114,6 +114,15 @@ def _summary_values(doc: dict[str, Any]) -> dict[str, Any]:
             "shared_prefix": prefix, "arrival": arrival[:40]}
 
 
+def _without_nulls(v: Any) -> Any:
+    """Frozen copy of orchestrator.plan.signature._without_nulls (null keys are not hashed)."""
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_without_nulls(x) for x in v]
+    return v
+
+
 def _json(v: Any) -> Any:
     return json.loads(v) if isinstance(v, str) else v
 
@@ -131,7 +140,7 @@ def _registration_keys(text: str) -> tuple[dict[str, Any] | None, str, dict[str,
     workload = plan.get("workload")
     sig = None
     if isinstance(workload, dict):
-        canonical = json.dumps(workload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        canonical = json.dumps(_without_nulls(workload), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         sig = {"sha256": hashlib.sha256(canonical.encode()).hexdigest(), "doc": workload,
                **_summary_values(workload)}
     return sig, str(plan.get("backend", "sim")), limits

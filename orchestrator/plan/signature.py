@@ -2,8 +2,9 @@
 section 7: "capacities are comparable only under the same ... workload signature").
 
 The signature is the sha256 of the workload's **whole effective model dump** (every field with
-its default filled in, sorted keys, no whitespace), so a field added to the workload language
-later is covered without touching this module. Beside it, a few readable values for people and
+its default filled in, sorted keys, no whitespace; keys whose value is null left out), so a
+field added to the workload language later is covered without touching this module, and an
+optional one (default None) does not change the signature of workloads that do not use it. Beside it, a few readable values for people and
 for range filters (``orch capacity --input-tokens 2000:4000``), read from the dump defensively:
 a workload kind without prompts or a fixed reply length gets ``None`` there, never an error.
 
@@ -41,9 +42,19 @@ class WorkloadSignature(StrictModel):
         return self.sha256[:12]
 
 
+def _without_nulls(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_without_nulls(x) for x in v]
+    return v
+
+
 def canonical_workload(doc: dict[str, Any]) -> str:
-    """The canonical JSON hashed: sorted keys, no whitespace, UTF-8 as is."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The canonical JSON hashed: sorted keys, no whitespace, UTF-8 as is, and no key whose value
+    is null (an optional section left out): so a workload registered before an optional field
+    (default None) was added to the language keeps its signature after it."""
+    return json.dumps(_without_nulls(doc), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _num(v: Any) -> float | None:

@@ -22,10 +22,25 @@ def test_hash_is_the_sha256_of_the_whole_effective_dump() -> None:
     sig = workload_signature(w)
     dump = w.model_dump(mode="json", by_alias=True)
     assert sig.doc == dump and "api" in dump  # defaults are part of it (every effective value)
-    canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    def strip(v: object) -> object:  # null keys (optional sections and values) left out, at every depth
+        return {k: strip(x) for k, x in v.items() if x is not None} if isinstance(v, dict) else v
+
+    hashed = strip(dump)
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert sig.sha256 == hashlib.sha256(canonical.encode()).hexdigest()
     assert workload_signature(_workload(api="chat")).sha256 != sig.sha256  # any field, not only lengths
     assert workload_signature(_workload(arrival={"process": "poisson"})).sha256 == sig.sha256  # the default, written
+
+
+def test_an_optional_field_added_later_keeps_old_signatures() -> None:
+    """A registration stored before an optional field (default None) existed hashes as today's
+    dump of the same workload (the migration back-fills from stored JSON, runs key by today's)."""
+    dump = _workload().model_dump(mode="json", by_alias=True)
+    optional = [k for k, v in dump.items() if v is None]
+    older = {k: v for k, v in dump.items() if k not in optional}
+    assert signature_of_doc(older).sha256 == workload_signature(_workload()).sha256
+    assert signature_of_doc({**dump, "future_field": {"on": True}}).sha256 != signature_of_doc(dump).sha256
 
 
 def test_summary_reads_like_the_issue_example() -> None:
