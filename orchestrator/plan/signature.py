@@ -95,15 +95,22 @@ def summary_values(doc: dict[str, Any]) -> dict[str, Any]:
     if mean is not None:
         parts.append(f"in {_g(mean)}" + (f"±{_g(sd)}" if sd else ""))
     if out is not None:
-        parts.append(f"out {_g(out)}")
+        odist = _dict(doc.get("output_dist"))
+        osd = {"lognormal": out * (_num(odist.get("sigma")) or 0.0), "uniform": out * (_num(odist.get("sigma")) or 0.0),
+               "normal": _num(odist.get("sigma")) or 0.0}.get(str(odist.get("dist", "fixed")), 0.0)
+        parts.append(f"out {_g(out)}" + (f"±{_g(osd)}" if osd else ""))
     if prefix:
         parts.append(f"prefix {_g(prefix)}")
     if turns and turns > 1:
         parts.append(f"{_g(turns)} turns")
-    parts.append(arrival)
+    parts.append(arrival + (" sessions" if isinstance(doc.get("sessions"), dict) else ""))
     kind = doc.get("kind")
     if isinstance(kind, str) and kind:
         parts.insert(0, kind)
+    source = _dict(doc.get("source"))
+    if source:
+        tag = str(source.get("sha256") or "")[:8] or str(source.get("path", "")).rsplit("/", 1)[-1]
+        parts.insert(0, f"{source.get('kind', 'data')} {tag}".strip())
     return {"summary": " / ".join(parts)[:200], "input_mean": mean, "input_sd": sd, "output_tokens": out,
             "shared_prefix": prefix, "arrival": arrival[:40]}
 

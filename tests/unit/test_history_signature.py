@@ -49,6 +49,9 @@ def test_summary_reads_like_the_issue_example() -> None:
     assert workload_signature(closed).summary == "in 500 / out 64 / 4 turns / closed(32 users)"
     bursty = _workload(arrival={"process": "gamma", "burstiness": 0.5})
     assert workload_signature(bursty).summary.endswith("/ gamma(0.5)")
+    varied = signature_of_doc({**_workload().model_dump(mode="json"), "output_dist": {"mean": 64, "dist": "lognormal", "sigma": 0.5},
+                               "sessions": {"think": {"mean_s": 2}}, "source": {"kind": "trace", "path": "a/b.jsonl"}})
+    assert varied.summary == "trace b.jsonl / in 3000±900 / out 64±32 / prefix 0.2 / poisson sessions"
 
 
 def test_an_unknown_workload_shape_gets_no_values_and_no_error() -> None:
