@@ -281,7 +281,7 @@ def load_prices(path: Path | None) -> tuple[dict[str, float], str]:
 
 @capacity_app.command("plan")
 def capacity_plan(
-    rate: float = typer.Option(..., "--rate", help="Target load, requests/s."),
+    rate: float = typer.Option(..., "--rate", help="Target load, requests/s (sessions/s for a live-sessions workload)."),
     service_class: str = typer.Option(..., "--class", help="Service class to serve it at."),
     model: str | None = typer.Option(None, "--model", help="Model name (default: the plan file's)."),
     plan_file: Path | None = typer.Option(None, "--plan", help="Take the workload (and classes, model) from this plan file."),
@@ -337,6 +337,11 @@ def capacity_plan(
             workload_doc = found[0]["doc"]
         if not out_tokens:
             raise UserError(f"workload {sig_sha[:12]} has no fixed reply length: cannot turn a rate into tokens")
+        # live sessions: the rate (as the search's) is sessions/s, each of `turns` requests
+        prompts: dict[str, Any] = workload_doc.get("prompts") or {}
+        per_unit = float(prompts.get("turns") or 1) if isinstance(workload_doc.get("sessions"), dict) else 1.0
+        unit = "sessions/s" if isinstance(workload_doc.get("sessions"), dict) else "req/s"
+        out_tokens = float(out_tokens) * per_unit
         filters: dict[str, Any] = {"model": model, "service_class": service_class, "workload": sig_sha}
         if limits is not None:
             filters.update(ttft_ms=limits[0], tpot_ms=limits[1])
@@ -360,13 +365,13 @@ def capacity_plan(
         emit_json({
             "model": model, "class": service_class, "limits_ms": list(limits) if limits else None,
             "workload": {"sha256": sig_sha, "summary": sig_summary, "output_tokens": out_tokens},
-            "rate": rate, "headroom": headroom, "output_tok_s": rate * out_tokens * (1 + headroom),
+            "rate": rate, "rate_unit": unit, "headroom": headroom, "output_tok_s": rate * out_tokens * (1 + headroom),
             "prices": prices, "price_source": price_note,
             "rows": [{k: _cell(v) for k, v in row.items()} for row in shown.to_dict(orient="records")],
             "thin_evidence": thin_reasons, "plan_written": str(written) if written else None,
         })
         return
-    say(f"serve {rate:g} req/s of {model} at {service_class}"
+    say(f"serve {rate:g} {unit} of {model} at {service_class}"
         + (f" ({limits[0]:g}/{limits[1]:g} ms)" if limits else "")
         + f"; workload {sig_summary} [{sig_sha[:8]}]: {rate * out_tokens * (1 + headroom):,.0f} output tok/s"
         + (f" with {headroom:.0%} headroom" if headroom else ""))

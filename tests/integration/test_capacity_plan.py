@@ -121,3 +121,24 @@ def test_plan_marks_the_simulator_and_other_engine_versions(orch) -> None:
     assert [row["cost_day"] for row in by_sig["rows"]] == [576.0, 768.0, 1152.0]  # H100-SXM at the default 3.00: 16 x 24 x 3
     bad = orch("capacity", "plan", "--class", "interactive", "--rate", "40")
     assert bad.returncode == 1 and "exactly one of --plan" in bad.stderr
+
+
+def test_plan_of_live_sessions_counts_every_turn_of_a_session(orch, tmp_path: Path, sqlite_url: str) -> None:
+    """A live-sessions workload's rate is sessions/s (as its search's is): 2 sessions/s of 3 turns
+    of 64 tokens need 384 output tok/s; 670 tok/s per copy of X -> 1 copy."""
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["name"], data["backend"] = "sessions", "local"
+    data["workload"]["sessions"] = {"think": {"mean_s": 1}}
+    data["workload"]["prompts"]["turns"] = 3
+    path = tmp_path / "sessions.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = validate_plan(data)
+    with Store.open(sqlite_url) as store:
+        exp = store.create_experiment(store.register_plan(plan).id)
+        run = store.start_run(exp, "A", 0, 0, 0, store.deployment_config(plan, "A"))
+        store.record_capacity(run, "interactive", 670.0, 1.0, 0.95, 4)
+        store.finish_run(run, "done", valid=True, fingerprint={"engine_version": "v0.11.0"})
+    doc = json.loads(orch("capacity", "plan", "--plan", str(path), "--class", "interactive", "--rate", "2",
+                          "--json").stdout)
+    assert (doc["rate_unit"], doc["output_tok_s"]) == ("sessions/s", 384.0)
+    assert [(row["copies"], row["gpus"]) for row in doc["rows"]] == [(1, 2)]
