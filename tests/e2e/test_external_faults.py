@@ -28,7 +28,8 @@ def run_external(store, plan: Plan, state: Path) -> ExperimentOutcome:
     [
         ({"ignore_max_tokens": True}, True, {}, "output_limit"),
         ({"frozen_output": True}, True, {}, "frozen_randomness"),
-        ({"stall_s": 0.3}, True, {"stall_gap_ms": 150}, "stalls"),
+        # 250 ms: far above what a loaded 2-core machine adds to an honest stream, far below the stall.
+        ({"stall_s": 0.6}, True, {"stall_gap_ms": 250}, "stalls"),
         ({"cache_hits": True}, True, {}, "prefix_hit_rate"),
         # No /metrics: the hit rate comes from the cached tokens each reply reports.
         ({"cache_hits": True}, False, {}, "prefix_hit_rate"),
