@@ -27,7 +27,8 @@ from orchestrator.store import Store
 from tests.e2e.helpers import BASE, ROOT, run_in_process, small_plan
 
 # One worker builds the module's experiment once (under pytest-xdist a module split over two
-# workers would run it twice).
+# workers would run it twice). The fixture is session-scoped: xdist may interleave other
+# modules' tests on that worker, and a module-scoped fixture is rebuilt after each interleaving.
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("report-experiment")]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -43,7 +44,7 @@ class Finished:
     tmp: Path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
     tmp = tmp_path_factory.mktemp("report")
     url = f"sqlite:///{tmp / 'orch.sqlite'}"
