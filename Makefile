@@ -26,11 +26,13 @@ lint: install
 
 # All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e,
 # and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine). Unit,
-# integration and e2e run on two workers (their tests mostly wait on real time; the ones that
-# start a Ray head share a worker); the vLLM tier then runs alone (its engines take every core
-# but the load generator's). ORCH_REQUIRED_TIERS tells CI's tier check what each part must run.
+# integration and e2e run on TEST_WORKERS workers, more than the cores: their tests mostly wait
+# on real time (a CI run on 2 cores and 2 workers used a quarter of the CPU); the ones that start
+# a Ray head share one worker. The vLLM tier then runs alone (its engines take every core but
+# the load generator's). ORCH_REQUIRED_TIERS tells CI's tier check what each part must run.
+TEST_WORKERS ?= 4
 test: lint vllm
-	ORCH_REQUIRED_TIERS="unit integration e2e" $(PY) -m pytest -n 2 --dist loadgroup -m "not vllm" --durations=15
+	ORCH_REQUIRED_TIERS="unit integration e2e" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not vllm" --durations=25
 	ORCH_REQUIRED_TIERS="vllm" $(PY) -m pytest -m vllm --durations=5
 
 test-unit: install
