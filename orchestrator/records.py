@@ -40,6 +40,9 @@ class RequestRecord:
     error: str | None = None
     prompt_hash: str = ""  # hash of the prompt beyond the shared prefix (repeat guard)
     output_hash: str = ""  # hash of the returned text (frozen-randomness guard)
+    # usage.prompt_tokens from the server: the prompt as the served model's tokenizer counted it
+    # (None: no usage reported, or a record from before migration 0008). Last: columns append.
+    server_prompt_tokens: int | None = None
 
     @property
     def finished(self) -> bool:

@@ -116,6 +116,31 @@ def output_limit(records: Sequence[RequestRecord], th: GuardThresholds) -> Guard
                        f"{wrong} of {len(fin)} finished requests returned a wrong token count")
 
 
+def prompt_length(records: Sequence[RequestRecord], th: GuardThresholds,
+                  not_asked: str | None = None) -> GuardResult:
+    """The server's prompt token count (usage.prompt_tokens) against the length the workload asked
+    for: the median relative difference over the measured requests that report usage must be at
+    most ``prompt_length_tolerance``. Not checked (passes, with the reason) without usage, or when
+    the workload asked for no length (``not_asked``: why, e.g. a prompts file's own text)."""
+    bound = th.prompt_length_tolerance
+    if not_asked is not None:
+        return GuardResult("prompt_length", True, None, bound, f"{not_asked}; not checked")
+    pairs = [(r.server_prompt_tokens, r.prompt_tokens) for r in measured(records)
+             if r.server_prompt_tokens is not None and r.prompt_tokens > 0]
+    if not pairs:
+        return GuardResult("prompt_length", True, None, bound,
+                           "the server reported no usage.prompt_tokens; not checked")
+    got = np.array([p[0] for p in pairs], dtype=np.float64)
+    asked = np.array([p[1] for p in pairs], dtype=np.float64)
+    rel = np.abs(got - asked) / asked
+    median = float(np.median(rel))
+    beyond = int(np.count_nonzero(rel > bound))
+    ratio = float(got.sum() / asked.sum())
+    return GuardResult("prompt_length", median <= bound, median, bound,
+                       f"median |server - asked| / asked {median:.4f} (bound {bound}) over {len(pairs)} "
+                       f"requests; {beyond} beyond the bound; server/asked tokens {ratio:.3f}")
+
+
 def censored_tails(records: Sequence[RequestRecord], n_scheduled: int) -> GuardResult:
     """Every scheduled request is accounted for by a record (failed and unfinished included)."""
     n = len(measured(records))

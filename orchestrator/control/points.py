@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from orchestrator.analysis.guards import GuardResult, PointContext, run_guards
+from orchestrator.analysis.guards import GuardResult, PointContext, prompt_length, run_guards
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
@@ -413,7 +413,10 @@ class PointRunner:
             sim_lateness_p99_s=sim_lateness_p99(before, after),
             access_path_p99_s=access_path_p99(dep),
         )
-        guards = run_guards(records, plan.guards, context)
+        source = plan.workload.source
+        guards = [*run_guards(records, plan.guards, context), prompt_length(
+            records, plan.guards, not_asked="a prompts file's own text asks for no length"
+            if source is not None and source.kind == "prompts" else None)]
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
         doc = metrics.to_dict()
         context_doc: dict[str, Any] = {

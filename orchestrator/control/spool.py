@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy.exc
 
@@ -19,9 +20,18 @@ from orchestrator.store.ingest import DuplicateRequestRecords
 
 log = logs.get_logger(__name__)
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
+_MIN_FIELDS = _FIELDS.index("output_hash") + 1  # a spool line written before server_prompt_tokens
 # What an unreachable or restarting database looks like from here.
 OUTAGE_ERRORS = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
                  EnvironmentProblem, TransientError)
+
+
+def _record(row: list[Any]) -> RequestRecord:
+    """A spooled row back to its record. A row spooled by an older orchestrator lacks the fields
+    added since (appended last, e.g. server_prompt_tokens): they keep their defaults."""
+    if not _MIN_FIELDS <= len(row) <= len(_FIELDS):
+        raise ValueError(f"spooled record has {len(row)} fields, expected {_MIN_FIELDS} to {len(_FIELDS)}")
+    return RequestRecord(**dict(zip(_FIELDS[:len(row)], row, strict=True)))
 
 
 class SpoolingSink:
@@ -78,7 +88,7 @@ class SpoolingSink:
         except FileNotFoundError:
             return True
         for i, line in enumerate(lines):
-            batch = [RequestRecord(**dict(zip(_FIELDS, row, strict=True))) for row in json.loads(line)]
+            batch = [_record(row) for row in json.loads(line)]
             try:
                 self.stored += self._ingest(batch)
             except OUTAGE_ERRORS:

@@ -118,6 +118,7 @@ class _StreamState:
         usage = doc.get("usage")
         if usage:
             self.rec.output_tokens = usage.get("completion_tokens")
+            self.rec.server_prompt_tokens = usage.get("prompt_tokens")
             details = usage.get("prompt_tokens_details") or {}
             self.rec.cached_tokens = details.get("cached_tokens")
 

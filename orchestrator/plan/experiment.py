@@ -170,6 +170,14 @@ class GuardThresholds(StrictModel):
         "port-forward or ingress, measured before the points) may be at most this share of the "
         "judged class's TTFT limit; beyond it TTFT measures the path, not the server.",
     )
+    prompt_length_tolerance: float = Field(
+        default=0.05, ge=0, le=10,
+        description="Prompt length: the median over a point's requests of |server's "
+        "usage.prompt_tokens - the prompt length the workload asked for| / that length may be at "
+        "most this (5%: the synthetic words are one token each under the tokenizers they were "
+        "chosen for; a tokenizer that splits them, or a chat template on short prompts, moves "
+        "it). Not checked when the server reports no usage.",
+    )
     max_sim_lateness_p99_ms: float = Field(
         default=50.0, gt=0, le=3_600_000,
         description="Simulator timing: p99 of how late a simulated server's steps end against its "

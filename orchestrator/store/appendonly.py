@@ -15,7 +15,10 @@ Two things live here:
   of the run's points, ordered by point (seq, id) then request_id, as [point seq, *the
   RequestRecord fields]; then every capacity ordered by class, as [class, capacity, at_rate,
   attainment, points_used, censored, converged, upper]. Database ids are left out, so the
-  digest is the same on SQLite and PostgreSQL.
+  digest is the same on SQLite and PostgreSQL. A record field added after version 1
+  (``OPTIONAL_FIELDS``: ``server_prompt_tokens``, migration 0008) is appended to its row only
+  when it is not NULL, so a run finished before the field existed (NULL in every row) keeps the
+  digest it was stored with, and a value set later still changes the digest.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from orchestrator.records import RECORD_FIELDS
 from orchestrator.store.models import Capacity, LoadPoint, MaintenanceFlag, Request
 
 DIGEST_TAG = "orch-run-digest/1"
+# Record fields added after digest version 1: hashed only where not NULL (see above).
+OPTIONAL_FIELDS = ("server_prompt_tokens",)
+if RECORD_FIELDS[-len(OPTIONAL_FIELDS):] != OPTIONAL_FIELDS:  # they must be the trailing fields
+    raise RuntimeError(f"digest: {OPTIONAL_FIELDS} must be the last RequestRecord fields ({RECORD_FIELDS})")
 # What the runtime role (the controller, experiments) may write on PostgreSQL; the migration
 # owner owns every table and runs `orch db upgrade`. INSERT everywhere it records, UPDATE only
 # of the columns a run's lifecycle sets, DELETE only of the derived summaries.
@@ -110,8 +117,13 @@ def run_digest(conn: sa.Connection | Session, run_id: int) -> str:
     capacities = sa.select(*cap_cols).where(Capacity.run_id == run_id).order_by(Capacity.class_name)
     h = hashlib.sha256(DIGEST_TAG.encode() + b"\n")
     kinds = (int, *(_kind(c) for c in req_cols))
+    n_base = 1 + len(RECORD_FIELDS) - len(OPTIONAL_FIELDS)
     for row in conn.execute(requests.execution_options(yield_per=5000)):
-        h.update(_canonical(tuple(row), kinds))
+        values = tuple(row)
+        if all(v is None for v in values[n_base:]):
+            h.update(_canonical(values[:n_base], kinds[:n_base]))
+        else:
+            h.update(_canonical(values, kinds))
     kinds = tuple(_kind(c) for c in cap_cols)
     for row in conn.execute(capacities):
         h.update(_canonical(tuple(row), kinds))

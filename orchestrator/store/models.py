@@ -188,6 +188,7 @@ class Request(Base):
     error: Mapped[str | None] = mapped_column(sa.Text)
     prompt_hash: Mapped[str] = mapped_column(sa.String(64))
     output_hash: Mapped[str] = mapped_column(sa.String(64))
+    server_prompt_tokens: Mapped[int | None] = mapped_column(sa.Integer)  # usage.prompt_tokens (0008)
 
 
 class GuardResultRow(Base):
