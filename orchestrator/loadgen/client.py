@@ -22,6 +22,7 @@ import aiohttp
 import httpx
 import orjson
 
+from orchestrator.errors import EnvironmentProblem
 from orchestrator.loadgen.workloads import RequestSpec
 from orchestrator.records import RequestRecord
 
@@ -286,3 +287,31 @@ def check_lengths(requests: Sequence[RequestSpec], offsets: Sized, phases: Seque
         raise ValueError(
             f"requests ({len(requests)}), offsets ({len(offsets)}) and phases ({len(phases)}) differ in length"
         )
+
+
+class TokenizeCounter:
+    """A prompt's token count by the served model's own tokenizer: vLLM's ``POST /tokenize``
+    (``{"model", "prompt"}`` in, ``{"count", ...}`` out). A ``TokenCounter`` for
+    ``workloads.fit_prompts``; close it (or use it as a context manager) when done."""
+
+    def __init__(self, base_url: str, model: str, headers: Mapping[str, str] | None = None,
+                 timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None):
+        self.model = model
+        self._client = httpx.Client(base_url=base_url, headers=dict(headers or {}), timeout=timeout_s,
+                                    transport=transport)
+
+    def __call__(self, text: str) -> int:
+        r = self._client.post("/tokenize", json={"model": self.model, "prompt": text})
+        if r.status_code != 200:
+            raise EnvironmentProblem(f"POST /tokenize answered HTTP {r.status_code}: {r.text[:ERROR_TEXT_MAX]} "
+                                     "(a vLLM server has it; the simulated and null servers do not)")
+        return int(r.json()["count"])
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> TokenizeCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -3,7 +3,10 @@
 Token scheme (DESIGN, contracts): one token = one whitespace-separated word. Prompts are built
 from a fixed vocabulary of short common English words, so against the simulated server the
 count is exact (it counts ``len(text.split())``) and against a real BPE tokenizer each word is
-close to one token: a *stated approximation*, not an exact count.
+close to one token: a *stated approximation*, not an exact count. Exact counts: ``fit_prompts``
+brings each first-turn completion prompt to its asked length under the served model's own
+tokenizer (a local tokenizer.json, or the server's /tokenize), and every record keeps the
+server's usage.prompt_tokens for the prompt-length guard.
 
 A first-turn prompt is ``[shared prefix][nonce][unique words]``: the shared prefix (a system
 prompt) is common to every request of the point; the nonce encodes the conversation id and the
@@ -23,7 +26,7 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -252,6 +255,83 @@ def build_requests(workload: Workload, n: int, seed: int) -> list[RequestSpec]:
     if n < 0:
         raise ValueError("n must be >= 0")
     return list(itertools.islice(iter_requests(workload, seed), n))
+
+
+# ---- exact token counts (issue 19 item 4) ----------------------------------------------------
+
+# A prompt's token count under the served model's own tokenizer: a local tokenizer.json
+# (``tokenizer_file_counter``) or the server's /tokenize endpoint (loadgen.client.tokenize_counter).
+TokenCounter = Callable[[str], int]
+
+
+class PromptFitError(ValueError):
+    """A prompt cannot be brought to its asked length (its kept part alone is longer)."""
+
+
+def tokenizer_file_counter(path: str) -> TokenCounter:
+    """Counts with a local ``tokenizer.json`` (the ``tokenizers`` library), special tokens
+    included as the server adds them to a completion prompt (e.g. BOS)."""
+    from tokenizers import Tokenizer  # imported only where exact counts are asked for
+
+    tok = Tokenizer.from_file(str(path))
+    return lambda text: len(tok.encode(text).ids)
+
+
+def single_token_words(count: TokenCounter) -> tuple[str, ...]:
+    """The vocabulary words that add exactly one token after another word: what a prompt is
+    padded with, so padding never overshoots."""
+    base = count(VOCAB[0])
+    return tuple(w for w in VOCAB if count(f"{VOCAB[0]} {w}") - base == 1)
+
+
+def fit_prompt(spec: RequestSpec, count: TokenCounter, fill: Sequence[str]) -> RequestSpec:
+    """``spec`` with its prompt brought to exactly ``spec.prompt_tokens`` tokens under ``count``:
+    the shared prefix and the nonce are kept; the unique words after them are cut (the longest
+    cut that does not exceed the length) and padded with ``fill`` words (single tokens).
+
+    Only a completion prompt of a first turn is fitted (a chat prompt's template and a later
+    turn's history are the server's and the conversation's own): others come back unchanged."""
+    if spec.messages or spec.turn > 0 or spec.history_tokens:
+        return spec
+    target = spec.prompt_tokens
+    words = spec.prompt.split()
+    if count(spec.prompt) == target:
+        return spec
+    if not fill:
+        raise PromptFitError("no single-token fill words under this tokenizer")
+    keep = min(len(words), spec.shared_prefix_tokens + NONCE_WORDS)
+    if count(" ".join(words[:keep])) > target:
+        raise PromptFitError(f"request {spec.request_id}: its prefix and nonce alone exceed "
+                             f"{target} tokens")
+    lo, hi = keep, len(words)  # the longest prefix of the words within the length (binary search)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(words[:mid])) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    words = words[:lo]
+    n, i = count(" ".join(words)), spec.request_id
+    for _ in range(8):  # single-token words add one each; a merge across words may need a round more
+        if n >= target:
+            break
+        for _ in range(target - n):
+            words.append(fill[i % len(fill)])
+            i += 1
+        n = count(" ".join(words))
+    while n > target and len(words) > keep:
+        words.pop()
+        n = count(" ".join(words))
+    if n != target:
+        raise PromptFitError(f"request {spec.request_id}: {n} tokens, asked {target}")
+    return dataclasses.replace(spec, prompt=" ".join(words),
+                               prompt_hash=_hash(words[spec.shared_prefix_tokens:]))
+
+
+def fit_prompts(requests: Sequence[RequestSpec], count: TokenCounter) -> list[RequestSpec]:
+    """Every request fitted to its asked length (``fit_prompt``)."""
+    fill = single_token_words(count)
+    return [fit_prompt(r, count, fill) for r in requests]
 
 
 # ---- expected prefix-cache hit rate -------------------------------------------------------
