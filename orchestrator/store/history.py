@@ -10,6 +10,7 @@ filtered rows are aggregated by pandas with the same (linear-interpolation) defi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -174,25 +175,178 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     engine_version, config_id; workload (signature prefix), input_tokens and output_tokens
     ((lo, hi) ranges of the workload's mean prompt and reply), simulated (True/False; None:
     both), backend, ttft_ms, tpot_ms; observed_gpu, observed_engine (the run's fingerprint)."""
+    return _capacity_by_config(engine, filters)
+
+
+def _capacity_by_config(engine: sa.Engine, filters: dict[str, Any], min_runs: int = 1,
+                        order: str = "median", limit: int | None = None) -> pd.DataFrame:
+    """capacity_by_config in one statement: the per-group statistics (the summaries, or the live
+    aggregate) joined to their configuration and workload, sorted and limited in SQL, fetched as
+    tuples into one DataFrame. ``order``: "median" (class, median descending, configuration:
+    capacity_by_config's order) or "per_gpu"/"median_only" (best_config's: that figure
+    descending, then configuration); ``min_runs``: groups with fewer runs left out."""
     live = any(filters.get(k) is not None for k in OBSERVED_FILTERS)
+    postgres = engine.dialect.name == "postgresql"
     with engine.begin() as conn:
         if filters.get("since_days") is None and not live:
-            frame = _from_summaries(conn, **{k: v for k, v in filters.items() if k != "since_days"})
-        elif engine.dialect.name == "postgresql":
-            frame = _aggregate_in_sql(conn, _counted_conditions(**filters))
+            stats = _summaries_stmt({k: v for k, v in filters.items() if k != "since_days"})
+        elif postgres:
+            # keep the sort of a long time range in memory (the default 4 MB spills to disk)
+            conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
+            stats = _aggregate_stmt(_counted_conditions(**filters))
         else:
-            frame = _aggregate_in_pandas(conn, _counted_conditions(**filters))
-        if frame.empty:
-            return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
-        for k, unknown in (("workload_sha256", ""), ("backend", ""), ("ttft_ms", 0.0), ("tpot_ms", 0.0),
-                           ("simulated", False)):
-            frame[k] = frame[k].where(frame[k].notna(), unknown)  # as the summaries store an unknown key
-        frame = _decorate(conn, frame)
+            raw = _aggregate_in_pandas(conn, _counted_conditions(**filters))
+            return _finish(_decorate(conn, _unknown_keys(raw)) if not raw.empty else raw, min_runs, order, limit)
+        if limit is None:  # every group: fetched narrow, decorated and sorted by pandas
+            rows, names = _stat_rows(conn, stats, postgres)
+            if not rows:
+                return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
+            frame = _attach(conn, _records(rows, names, postgres))
+            return _finish(frame, min_runs, order, None)
+        rows, names = _joined_rows(conn, stats, postgres, min_runs, order, limit)
+    if not rows:
+        return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
+    return _finish(_records(rows, names, postgres), min_runs, order, None, sorted_=True)
+
+
+def _records(rows: Sequence[Any], names: list[str], postgres: bool) -> pd.DataFrame:
+    """Plain tuples into one DataFrame (one from_records call, no per-row work)."""
+    frame = pd.DataFrame.from_records(rows, columns=names)
+    if postgres:  # epoch microseconds (exact) to timestamps, vectorised
+        frame["last_measured"] = pd.to_datetime(frame["last_measured"], unit="us", utc=True)
+    return frame
+
+
+def _last_measured(stats: Any, postgres: bool) -> Any:
+    last = _plain_time(stats.c.last_measured)
+    if postgres:  # exact epoch microseconds: one vectorised conversion instead of a datetime per row
+        last = sa.cast(sa.extract("epoch", last) * 1_000_000, sa.BigInteger)
+    return last.label("last_measured")
+
+
+def _fetch(conn: sa.Connection, stmt: Any, postgres: bool) -> tuple[Sequence[Any], list[str]]:
+    result = conn.execute(stmt)
+    names: list[str] = list(result.keys())
+    if postgres:  # plain tuples from the driver: no column here needs result processing
+        return result.cursor.fetchall(), names
+    return result.all(), names
+
+
+def _stat_rows(conn: sa.Connection, stats: Any, postgres: bool) -> tuple[Sequence[Any], list[str]]:
+    """The per-group statistics alone (unknown keys as the summaries store them), unsorted."""
+    unknown = {"workload_sha256": "", "backend": "", "ttft_ms": 0.0, "tpot_ms": 0.0, "simulated": False}
+    return _fetch(conn, sa.select(
+        stats.c.config_id, stats.c["class"], *(sa.func.coalesce(stats.c[k], unknown[k]).label(k) for k in KEY_COLUMNS),
+        stats.c.runs, stats.c.median, stats.c.p25, stats.c.p75, stats.c.min, stats.c.max, _last_measured(stats, postgres),
+    ), postgres)
+
+
+def _attach(conn: sa.Connection, frame: pd.DataFrame) -> pd.DataFrame:
+    """The configurations' columns and the workloads' readable values beside each group: one
+    query each (the distinct configurations and workloads), placed by position (no merge)."""
+    dc, ws = DeploymentConfig, WorkloadSignatureRow
+    ids = sorted({int(i) for i in frame["config_id"].unique()})
+    configs = pd.DataFrame.from_records(
+        conn.execute(sa.select(dc.id, *(getattr(dc, c) for c in CONFIG_COLUMNS)).where(dc.id.in_(ids))).all(),
+        columns=["config_id", *CONFIG_COLUMNS]).set_index("config_id")
+    shas = sorted({str(x) for x in frame["workload_sha256"].unique() if x})
+    workloads = pd.DataFrame.from_records(
+        conn.execute(sa.select(ws.sha256, *_workload_columns()).where(ws.sha256.in_(shas))).all() if shas else [],
+        columns=["workload_sha256", *WORKLOAD_COLUMNS]).set_index("workload_sha256")
+    return pd.concat([frame, configs.reindex(frame["config_id"].to_numpy()).reset_index(drop=True),
+                      workloads.reindex(frame["workload_sha256"].to_numpy()).reset_index(drop=True)], axis=1)
+
+
+def _unknown_keys(frame: pd.DataFrame) -> pd.DataFrame:
+    for k, unknown in (("workload_sha256", ""), ("backend", ""), ("ttft_ms", 0.0), ("tpot_ms", 0.0),
+                       ("simulated", False)):
+        frame[k] = frame[k].where(frame[k].notna(), unknown)  # as the summaries store an unknown key
+    return frame
+
+
+def _finish(frame: pd.DataFrame, min_runs: int, order: str, limit: int | None, sorted_: bool = False) -> pd.DataFrame:
+    if frame.empty:
+        return pd.DataFrame(columns=list(BY_CONFIG_COLUMNS))
     frame["simulated"] = frame["simulated"].astype(bool)
     frame["last_measured"] = pd.to_datetime(frame["last_measured"], utc=True)
     frame["spread"] = (frame["p75"] - frame["p25"]) / frame["median"].where(frame["median"] != 0)
-    frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True], kind="stable")
+    if not sorted_:
+        if min_runs > 1:
+            frame = frame[frame["runs"] >= min_runs]
+        frame = frame.sort_values(["class", "median", "config_id"], ascending=[True, False, True], kind="stable")
+        if order != "median":
+            key = frame["median"] / frame["gpus"] if order == "per_gpu" else frame["median"]
+            frame = frame.assign(_key=key).sort_values(["_key", "config_id"], ascending=[False, True], kind="stable")
+        if limit is not None:
+            frame = frame.head(limit)
     return frame[list(BY_CONFIG_COLUMNS)].reset_index(drop=True)
+
+
+def _summaries_stmt(filters: dict[str, Any]) -> Any:
+    """The summaries' rows matching ``filters`` (a subquery of the per-group statistics)."""
+    dc, cs = DeploymentConfig, CapacitySummary
+    filters, keyed = _split(filters)
+    return (
+        sa.select(
+            cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS),
+            cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, cs.last_measured.label("last_measured"),
+        )
+        .join(dc, dc.id == cs.config_id)
+        .outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == cs.workload_sha256)
+        .where(*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed))
+    ).subquery("stats")
+
+
+def _aggregate_stmt(where: list[sa.ColumnExpressionArgument[bool]]) -> Any:
+    """PostgreSQL: the live aggregate (percentile_cont) per comparable group, as a subquery."""
+    cap = Capacity.capacity
+    keys = [getattr(Capacity, k) for k in KEY_COLUMNS]
+    return (
+        sa.select(
+            Capacity.config_id, Capacity.class_name.label("class"), *keys, sa.func.count().label("runs"),
+            sa.func.percentile_cont(0.5).within_group(cap).label("median"),
+            sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
+            sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
+            sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
+            sa.func.max(Capacity.measured_at).label("last_measured"),
+        )
+        .select_from(_counted_from()).where(*where)
+        .group_by(Capacity.config_id, Capacity.class_name, *keys)
+    ).subquery("stats")
+
+
+def _joined_rows(conn: sa.Connection, stats: Any, postgres: bool, min_runs: int, order: str,
+                 limit: int | None) -> tuple[Sequence[Any], list[str]]:
+    """The per-group statistics with their configuration's columns and workload's values, in
+    BY_CONFIG_COLUMNS order (spread computed later), sorted as ``order`` says."""
+    dc, ws = DeploymentConfig, WorkloadSignatureRow
+    unknown = {"workload_sha256": "", "backend": "", "ttft_ms": 0.0, "tpot_ms": 0.0, "simulated": False}
+    cols: list[Any] = [stats.c.config_id, *(getattr(dc, c) for c in CONFIG_COLUMNS), stats.c["class"]]
+    cols += [sa.func.coalesce(stats.c[k], unknown[k]).label(k) for k in KEY_COLUMNS]
+    cols += list(_workload_columns())
+    last = _plain_time(stats.c.last_measured)
+    if postgres:  # exact epoch microseconds: one vectorised conversion instead of a datetime per row
+        last = sa.cast(sa.extract("epoch", last) * 1_000_000, sa.BigInteger)
+    cols += [stats.c.runs, stats.c.median, stats.c.p25, stats.c.p75, stats.c.min, stats.c.max,
+             sa.literal(None).label("spread"), last.label("last_measured")]
+    # code-point order of the class (as pandas sorts), whatever the database's collation
+    cls = stats.c["class"].collate("C") if postgres else stats.c["class"]
+    ties = [stats.c[k] for k in KEY_COLUMNS]
+    if order == "median":
+        by = [cls, stats.c.median.desc(), stats.c.config_id, *ties]
+    else:
+        key = stats.c.median / dc.gpus if order == "per_gpu" else stats.c.median
+        by = [key.desc(), stats.c.config_id, cls, *ties]
+    stmt = (
+        sa.select(*cols)
+        .select_from(stats.join(dc, dc.id == stats.c.config_id).outerjoin(ws, ws.sha256 == stats.c.workload_sha256))
+        .order_by(*by)
+    )
+    if min_runs > 1:
+        stmt = stmt.where(stats.c.runs >= min_runs)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return _fetch(conn, stmt, postgres)
 
 
 def _plain_time(column: Any) -> Any:
@@ -214,42 +368,6 @@ def _decorate(conn: sa.Connection, frame: pd.DataFrame) -> pd.DataFrame:
         sa.select(ws.sha256.label("workload_sha256"), *_workload_columns()).where(ws.sha256.in_(shas))
     ), ["workload_sha256", *WORKLOAD_COLUMNS])
     return frame.merge(configs, on="config_id", how="left").merge(workloads, on="workload_sha256", how="left")
-
-
-def _aggregate_in_sql(conn: sa.Connection, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
-    """PostgreSQL: the live aggregate (percentile_cont) per comparable group."""
-    cap = Capacity.capacity
-    keys = [getattr(Capacity, k) for k in KEY_COLUMNS]
-    stmt = (
-        sa.select(
-            Capacity.config_id, Capacity.class_name.label("class"), *keys, sa.func.count().label("runs"),
-            sa.func.percentile_cont(0.5).within_group(cap).label("median"),
-            sa.func.percentile_cont(0.25).within_group(cap).label("p25"),
-            sa.func.percentile_cont(0.75).within_group(cap).label("p75"),
-            sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
-            sa.func.max(_plain_time(Capacity.measured_at)).label("last_measured"),
-        )
-        .select_from(_counted_from()).where(*where)
-        .group_by(Capacity.config_id, Capacity.class_name, *keys)
-    )
-    # keep the sort of a long time range in memory (the default 4 MB spills to disk)
-    conn.execute(sa.text("SET LOCAL work_mem = '64MB'"))
-    return _frame(conn.execute(stmt))
-
-
-def _from_summaries(conn: sa.Connection, **filters: Any) -> pd.DataFrame:
-    dc, cs = DeploymentConfig, CapacitySummary
-    filters, keyed = _split(filters)
-    stmt = (
-        sa.select(
-            cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS),
-            cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, _plain_time(cs.last_measured).label("last_measured"),
-        )
-        .join(dc, dc.id == cs.config_id)
-        .outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == cs.workload_sha256)
-        .where(*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed))
-    )
-    return _frame(conn.execute(stmt))
 
 
 def _aggregate_in_pandas(conn: sa.Connection, where: list[sa.ColumnExpressionArgument[bool]]) -> pd.DataFrame:
@@ -305,11 +423,9 @@ def best_config(
     min_runs: int = 1, **filters: Any,
 ) -> pd.DataFrame:
     """The configurations with the highest median capacity at a class (or per GPU), best first."""
-    frame = capacity_by_config(engine, service_class=service_class, **filters)
-    frame = frame[frame["runs"] >= min_runs]
-    frame = frame.assign(per_gpu=frame["median"] / frame["gpus"])
-    key = "per_gpu" if per_gpu else "median"
-    return frame.sort_values([key, "config_id"], ascending=[False, True]).head(top).reset_index(drop=True)
+    frame = _capacity_by_config(engine, {"service_class": service_class, **filters}, min_runs=min_runs,
+                                order="per_gpu" if per_gpu else "median_only", limit=top)
+    return frame.assign(per_gpu=frame["median"] / frame["gpus"])
 
 
 def config_trend(
