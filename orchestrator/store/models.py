@@ -218,10 +218,12 @@ class Capacity(Base):
         sa.UniqueConstraint("run_id", "class_name"),
         sa.CheckConstraint("censored IS NULL OR censored IN ('below_min', 'above_max', 'at_ceiling')",
                            name="censored"),
-        # time-ranged history reads one range of this index (capacities that count only)
+        # time-ranged history reads one range of this index (capacities that count only),
+        # index-only: it covers the comparable keys and the observed engine too (0009)
         sa.Index(
             "ix_capacities_counted_measured_at", "measured_at",
-            postgresql_include=["config_id", "class_name", "capacity"],
+            postgresql_include=["config_id", "class_name", "capacity", "workload_sha256", "ttft_ms", "tpot_ms",
+                                "backend", "simulated", "observed_engine"],
             postgresql_where=sa.text("counted"), sqlite_where=sa.text("counted"),
         ),
     )
