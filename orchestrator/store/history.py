@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
+from sqlalchemy.sql import util as sa_util
 
 from orchestrator.store.models import (
     Capacity,
@@ -284,17 +285,16 @@ def _finish(frame: pd.DataFrame, min_runs: int, order: str, limit: int | None, s
 
 def _summaries_stmt(filters: dict[str, Any]) -> Any:
     """The summaries' rows matching ``filters`` (a subquery of the per-group statistics)."""
-    dc, cs = DeploymentConfig, CapacitySummary
+    cs = CapacitySummary
     filters, keyed = _split(filters)
+    where = [*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed)]
     return (
         sa.select(
             cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS),
             cs.runs, cs.median, cs.p25, cs.p75, cs.min, cs.max, cs.last_measured.label("last_measured"),
         )
-        .join(dc, dc.id == cs.config_id)
-        .outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == cs.workload_sha256)
-        .where(*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed))
-    ).subquery("stats")
+        .where(*where)
+    ).select_from(_needed_from(cs, cs.config_id, cs.workload_sha256, where)).subquery("stats")
 
 
 def _aggregate_stmt(where: list[sa.ColumnExpressionArgument[bool]]) -> Any:
@@ -310,9 +310,22 @@ def _aggregate_stmt(where: list[sa.ColumnExpressionArgument[bool]]) -> Any:
             sa.func.min(cap).label("min"), sa.func.max(cap).label("max"),
             sa.func.max(Capacity.measured_at).label("last_measured"),
         )
-        .select_from(_counted_from()).where(*where)
+        .select_from(_needed_from(Capacity, Capacity.config_id, Capacity.workload_sha256, where))
+        .where(*where, Capacity.config_id.is_not(None))
         .group_by(Capacity.config_id, Capacity.class_name, *keys)
     ).subquery("stats")
+
+
+def _needed_from(src: Any, config_id: Any, workload_sha256: Any, where: list[Any]) -> Any:
+    """``src`` joined to the configurations and the workloads only when ``where`` reads them
+    (each join keeps every row: a foreign key, a left join on a unique key)."""
+    tables = {t for w in where for t in sa_util.find_tables(sa.and_(w), check_columns=True)}
+    out = src.__table__
+    if DeploymentConfig.__table__ in tables:
+        out = out.join(DeploymentConfig, DeploymentConfig.id == config_id)
+    if WorkloadSignatureRow.__table__ in tables:
+        out = out.outerjoin(WorkloadSignatureRow, WorkloadSignatureRow.sha256 == workload_sha256)
+    return out
 
 
 def _joined_rows(conn: sa.Connection, stats: Any, postgres: bool, min_runs: int, order: str,
