@@ -24,6 +24,9 @@ RAY_MODULES = {"test_controller.py", "test_controller_serve.py", "test_loadgen_s
 _outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
 
+# tryfirst: pytest-xdist's worker reads xdist_group marks in its own collection hook, so ours
+# must have added them before it runs.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests")
@@ -32,6 +35,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         if rel.name in RAY_MODULES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` every grouped test must carry its group in its node id (that is
+    how xdist keeps a group on one worker). pytest 9 ignores the attribute xdist 3.8 sets, and then
+    two Ray heads run at once and shared fixtures are built once per worker: fail loudly instead."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not apply xdist_group to {len(lost)} test(s), e.g. {lost[0]}: "
+                                "check the pytest / pytest-xdist versions (pyproject.toml pins pytest < 9)")
 
 
 def _tier_of(item_keywords: object) -> str | None:
