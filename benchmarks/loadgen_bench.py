@@ -8,7 +8,17 @@ so every tool is judged the same way, from the outside:
 A tool sustains a rate when every request it was asked for arrived, the ratio is within 1%
 and p99 lag < 1 ms. Printed: per rate and tool the arrivals, ratio and lag; per tool the
 highest sustained rate (strict, and rate-only: on a shared machine OS scheduling alone can
-exceed 1 ms); our ratio to each peer; then the gain from Ray shards.
+exceed 1 ms); our ratio to each peer; then the gain from Ray shards: the same rate ladder on
+N load-generator shards (``--shards 1,2``; 1 is the one-process ladder above; counts above the
+host's cores are skipped with a note), each shard count's highest sustained rate next to one
+process's. Ray is started here (local, ``num_cpus`` = the largest count) and shut down after.
+
+``--sessions`` adds the live-session workload's own ceiling: sessions of ``--session-turns``
+turns (no think time; each later turn waits for the previous reply) started at a ladder of
+constant session rates (``--session-rates``). Judged from the generator's own records: a rate
+is held when every session started, every turn that became due was sent and finished, the
+session starts were within 1% of the rate and (strict) the p99 send lag of all turns (sent
+minus due) < 1 ms. ``--sessions-only`` runs just that part.
 
 Peers (``--peers vllm,guidellm``; ``--skip-peers`` for none) run from their own virtual
 environments, never the project's. vLLM: ``--vllm-python`` names its interpreter; otherwise
@@ -25,6 +35,9 @@ of --output-tokens with ignore_eos. guidellm runs with its defaults otherwise: w
 = GUIDELLM__MAX_WORKER_PROCESSES (10, whatever the cores), unless --guidellm-workers is given.
 
     .venv/bin/python benchmarks/loadgen_bench.py [--rates 50,100,200] [--seconds 5] [--peers guidellm]
+    # quick, new parts only (shards and sessions, no peers):
+    .venv/bin/python benchmarks/loadgen_bench.py --skip-peers --rates 200,400,800 --seconds 3 \
+        --shards 1,2 --sessions --session-rates 25,50,100,200
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -45,6 +59,7 @@ import numpy as np
 from orchestrator.loadgen.null_server import NullServerConfig, NullServerProcess
 from orchestrator.loadgen.runner import run_point
 from orchestrator.loadgen.schedules import open_loop_offsets
+from orchestrator.loadgen.sessions import run_sessions
 from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan import OpenLoop, Workload
 
@@ -92,6 +107,34 @@ def run_ours(url: str, rate: float, seconds: float, output_tokens: int, shards: 
         from orchestrator.loadgen.shards import run_point_sharded
 
         run_point_sharded(url, "null", reqs, offs, phases, shards, request_timeout_s=60)
+
+
+def session_workload(turns: int, output_tokens: int) -> Workload:
+    return Workload.model_validate({"arrival": {"process": "constant"}, "sessions": {"think": {"mean_s": 0}},
+                                    "prompts": {"input_tokens": {"mean": 128}, "conversations": 10**6,
+                                                "turns": turns},
+                                    "output_tokens": output_tokens})
+
+
+def run_session_rate(url: str, rate: float, seconds: float, turns: int, output_tokens: int) -> dict:
+    """One constant session rate for ``seconds``; judged from the generator's own records."""
+    wl = session_workload(turns, output_tokens)
+    starts = open_loop_offsets(OpenLoop(process="constant"), rate, seconds, seed=1)
+    summary = asyncio.run(run_sessions(url, "null", wl, starts, seed=int(rate * 1000), duration_s=seconds + 60,
+                                       request_timeout_s=60, keep_records=True))
+    recs = summary.records or []
+    first = sorted(r.sent_s for r in recs if r.turn == 0 and r.sent_s is not None)
+    ratio = (len(first) - 1) / (first[-1] - first[0]) / rate if len(first) > 1 and first[-1] > first[0] else float("nan")
+    lags = [r.sent_s - r.scheduled_s for r in recs if r.sent_s is not None]
+    return {"rate": rate, "sessions": len(first), "asked": len(starts), "turns": len(recs),
+            "turns_asked": len(starts) * turns, "ok": sum(r.status == "ok" for r in recs), "ratio": float(ratio),
+            "p99_lag_ms": float(np.percentile(lags, 99) * 1e3) if lags else float("nan"),
+            "turns_per_s": len(recs) / summary.duration_s if summary.duration_s > 0 else float("nan")}
+
+
+def session_held(r: dict, strict: bool) -> bool:
+    return (r["sessions"] >= r["asked"] and r["ok"] >= r["turns_asked"] and abs(r["ratio"] - 1) <= 0.01
+            and (not strict or r["p99_lag_ms"] < 1.0))
 
 
 def run_vllm(py: Path, tokenizer: Path, url: str, rate: float, seconds: float, output_tokens: int) -> str | None:
@@ -190,7 +233,12 @@ def main() -> None:
     ap.add_argument("--rates", default="25,50,100,200,400")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--shards", default="1,2", help="Ray shard counts for the scaling table")
+    ap.add_argument("--shards", default="1,2",
+                    help="load-generator shard counts for the scaling ladder (1: one process, the ladder above)")
+    ap.add_argument("--sessions", action="store_true", help="also measure the live-session workload's ceiling")
+    ap.add_argument("--sessions-only", action="store_true", help="measure only the session ceiling")
+    ap.add_argument("--session-rates", default="25,50,100,200,400", help="sessions/s ladder for --sessions")
+    ap.add_argument("--session-turns", type=int, default=4, help="turns per session for --sessions")
     ap.add_argument("--peers", default="vllm,guidellm", help="peers to run beside ours: vllm, guidellm")
     ap.add_argument("--skip-peers", action="store_true", help="run no peer (same as --peers '')")
     ap.add_argument("--vllm-python")
@@ -199,8 +247,10 @@ def main() -> None:
     ap.add_argument("--install", action="store_true", help="create the peers' venvs when absent")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    rates = [float(x) for x in a.rates.split(",")]
-    peers = [] if a.skip_peers else [x for x in a.peers.split(",") if x]
+    if a.sessions_only:
+        a.sessions, a.rates, a.shards = True, "", ""
+    rates = [float(x) for x in a.rates.split(",") if x]
+    peers = [] if a.skip_peers or a.sessions_only else [x for x in a.peers.split(",") if x]
     if unknown := set(peers) - set(PEERS):
         ap.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(PEERS)}")
     py = find_vllm_python(a.vllm_python, a.install) if "vllm" in peers else None
@@ -237,43 +287,80 @@ def main() -> None:
             how = "--guidellm-workers" if a.guidellm_workers else "its default"
             notes.append(f"guidellm worker processes: {'/'.join(map(str, procs))} (GUIDELLM__MAX_WORKER_PROCESSES, "
                          f"{how}) on {os.cpu_count()} CPUs; ours and vllm bench serve: one process")
-        shard_rows = []
-        shard_counts = [int(x) for x in a.shards.split(",") if x]
-        if any(s > 1 for s in shard_counts):
+        shard_rows: list[dict] = []
+        shard_counts = sorted({int(x) for x in a.shards.split(",") if x})
+        cores = os.cpu_count() or 1
+        for c in [c for c in shard_counts if c > cores]:
+            notes.append(f"{c} shards: not run ({cores} CPUs on this host; one shard per core at most)")
+        multi = [c for c in shard_counts if 1 < c <= cores]
+        if multi and rates:
             import ray
 
-            ray.init(num_cpus=max(shard_counts), include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=max(multi), include_dashboard=False, log_to_driver=False)
             try:
-                top = max(rates)
-                for s in shard_counts:
-                    arrivals(url)
-                    run_ours(url, top, a.seconds, a.output_tokens, shards=s)
-                    shard_rows.append({"shards": s, "rate": top, **judge(arrivals(url), top)})
+                for c in multi:
+                    rows = []
+                    for rate in rates:
+                        arrivals(url)
+                        run_ours(url, rate, a.seconds, a.output_tokens, shards=c)
+                        rows.append({"shards": c, "rate": rate, **judge(arrivals(url), rate),
+                                     "asked": expected(rate, a.seconds)})
+                    shard_rows.extend(rows)
             finally:
                 ray.shutdown()
-    doc = {"results": results, "shards": shard_rows, "notes": notes,
+        session_rows: list[dict] = []
+        if a.sessions:
+            for rate in [float(x) for x in a.session_rates.split(",") if x]:
+                arrivals(url)
+                session_rows.append(run_session_rate(url, rate, a.seconds, a.session_turns, a.output_tokens))
+            arrivals(url)
+    sharded = {1: results["ours"]} if 1 in shard_counts and results["ours"] else {}
+    for r in shard_rows:
+        sharded.setdefault(r["shards"], []).append(r)
+    notes.append(f"load average {os.getloadavg()[0]:.2f} at the end")
+    doc: dict[str, Any] = {"results": results, "shards": shard_rows, "sessions": session_rows, "notes": notes,
+           "shards_sustained": {c: {"strict": best(v, True), "rate_only": best(v, False)} for c, v in sharded.items()},
+           "sessions_held": {"strict": max([r["rate"] for r in session_rows if session_held(r, True)], default=0.0),
+                             "rate_only": max([r["rate"] for r in session_rows if session_held(r, False)],
+                                              default=0.0)},
            "sustained_strict": {k: best(v, True) for k, v in results.items()},
            "sustained_rate_only": {k: best(v, False) for k, v in results.items()}}
     if a.json:
         print(json.dumps(doc, indent=2))
         return
     for tool, rows in results.items():
+        if not rows:
+            continue
         print(f"== {tool}")
         for r in rows:
             extra = f"  (own report: {r['ok']} ok, {r['errored']} errored)" if "ok" in r else ""
             extra += f" first error: {r['first_error']}" if r.get("first_error") else ""
             extra += "  ERROR " + r["error"].splitlines()[-1] if r.get("error") else ""
             print(f"  {r['rate']:8.1f} req/s  n={r['n']:6d}/{r['asked']:<6d} achieved x{r['ratio']:.4f}  p99 lag {r['p99_lag_ms']:8.3f} ms{extra}")
-    for key in ("sustained_strict", "sustained_rate_only"):
+    for key in ("sustained_strict", "sustained_rate_only") if rates else ():
         print(f"{key}: " + ", ".join(f"{k} {v:g} req/s" for k, v in doc[key].items()))
-    for key in ("sustained_strict", "sustained_rate_only"):
+    for key in ("sustained_strict", "sustained_rate_only") if rates else ():
         ours = doc[key]["ours"]
         for k, v in doc[key].items():
             if k != "ours":
                 shown = f"{ours / v:.2f}x" if v > 0 else f"n/a ({k} sustained no rate tried)"
                 print(f"ratio ours / {k} ({key.removeprefix('sustained_').replace('_', '-')}): {shown}")
     for r in shard_rows:
-        print(f"shards {r['shards']}: {r['rate']:g} req/s offered -> achieved x{r['ratio']:.4f}, p99 lag {r['p99_lag_ms']:.3f} ms")
+        print(f"shards {r['shards']}: {r['rate']:8.1f} req/s  n={r['n']:6d}/{r['asked']:<6d} achieved x{r['ratio']:.4f}"
+              f"  p99 lag {r['p99_lag_ms']:8.3f} ms")
+    for c, v in doc["shards_sustained"].items():
+        one = doc["shards_sustained"].get(1)
+        gain = (f" ({v['rate_only'] / one['rate_only']:.2f}x one process, rate-only)"
+                if one and one["rate_only"] > 0 and c != 1 else "")
+        print(f"sustained with {c} shard{'s' if c > 1 else ''} ({'one process' if c == 1 else 'Ray'}): "
+              f"strict {v['strict']:g} req/s, rate-only {v['rate_only']:g} req/s{gain}")
+    if session_rows:
+        print(f"== sessions ({a.session_turns} turns, no think time, {a.output_tokens}-token replies, one process)")
+        for r in session_rows:
+            print(f"  {r['rate']:8.1f} sessions/s  started {r['sessions']}/{r['asked']}  turns ok {r['ok']}/{r['turns_asked']}"
+                  f"  starts x{r['ratio']:.4f}  p99 turn lag {r['p99_lag_ms']:8.3f} ms  ({r['turns_per_s']:.0f} turns/s)")
+        h = doc["sessions_held"]
+        print(f"session ceiling (one process): strict {h['strict']:g} sessions/s, rate-only {h['rate_only']:g} sessions/s")
     for n in notes:
         print("note:", n)
 
