@@ -181,11 +181,14 @@ def capacity_by_config(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
 
 def _capacity_by_config(engine: sa.Engine, filters: dict[str, Any], min_runs: int = 1,
                         order: str = "median", limit: int | None = None) -> pd.DataFrame:
-    """capacity_by_config in one statement: the per-group statistics (the summaries, or the live
-    aggregate) joined to their configuration and workload, sorted and limited in SQL, fetched as
-    tuples into one DataFrame. ``order``: "median" (class, median descending, configuration:
+    """capacity_by_config without per-row work: the per-group statistics (the summaries, or the
+    live aggregate) fetched narrow as the driver's tuples into one DataFrame, the configurations'
+    and workloads' columns fetched once each and placed by reindex, sorted by pandas. With
+    ``limit`` (best_config) the join, the filter on runs, the sort and the LIMIT are one SQL
+    statement instead. ``order``: "median" (class, median descending, configuration:
     capacity_by_config's order) or "per_gpu"/"median_only" (best_config's: that figure
-    descending, then configuration); ``min_runs``: groups with fewer runs left out."""
+    descending, then configuration); ``min_runs``: groups with fewer runs left out. SQLite's
+    time-ranged aggregate (pandas) takes the old path: small histories."""
     live = any(filters.get(k) is not None for k in OBSERVED_FILTERS)
     postgres = engine.dialect.name == "postgresql"
     with engine.begin() as conn:
