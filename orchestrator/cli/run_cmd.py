@@ -252,10 +252,16 @@ def verdict(
 def status(
     experiment: str | None = typer.Argument(None, help="Experiment name or id (default: all)."),
     as_json: bool = JSON_OPTION,
+    watch: bool = typer.Option(False, "--watch", help="Follow EXPERIMENT (run by anyone) until it ends."),
+    interval: float = typer.Option(2.0, "--interval", min=0.05, max=3600, help="--watch: seconds between polls."),
 ) -> None:
     """Experiments, their progress and the validity of every run."""
     from orchestrator.store import Store
 
+    if watch:
+        if experiment is None:
+            raise UserError("--watch follows one experiment: `orch status --watch EXPERIMENT`")
+        _watch(experiment, interval)
     with Store.open() as store:
         exps = [store.get_experiment(experiment)] if experiment else store.list_experiments()
         docs: list[dict[str, Any]] = []
@@ -281,6 +287,33 @@ def status(
             for r in d["runs"]:
                 say(f"  block {r['block']} arm {r['arm']} attempt {r['attempt']}: {r['status']}"
                     + ("" if r["valid"] or r["status"] == "running" else f" INVALID: {r['reason']}"))
+    sys.stdout.flush()
+
+
+def _watch(experiment: str, interval: float) -> None:
+    """Poll the store: a line whenever the progress changes (rewritten in place on a terminal),
+    until the experiment is no longer queued or running; the final status line follows."""
+    import time
+
+    from orchestrator.control.progress import stored_progress
+    from orchestrator.store import Store
+
+    tty = sys.stdout.isatty()
+    shown = None
+    with Store.open() as store:
+        while True:
+            p = stored_progress(store, experiment)
+            if not p.running:
+                break
+            if tty:
+                sys.stdout.write("\r\x1b[K" + p.eta_line())
+            elif p.line() != shown:
+                say(p.eta_line())
+            shown = p.line()
+            sys.stdout.flush()
+            time.sleep(interval)
+    if tty and shown is not None:
+        sys.stdout.write("\r\x1b[K")
     sys.stdout.flush()
 
 

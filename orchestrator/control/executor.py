@@ -24,6 +24,7 @@ from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_ba
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
+from orchestrator.control.eta import point_seconds
 from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.spool import replay, spooled_points
@@ -182,6 +183,11 @@ class Executor:
         if self.config.max_blocks is not None:
             order = order[: self.config.max_blocks]
         self.progress.blocks(len(order))
+        valid = {(r.block, r.arm) for r in self.store.runs(exp_id) if r.status == "done" and r.valid}
+        self.progress.schedule(sum(len(arms) for _, arms in order),
+                               sum(1 for b, arms in order for a in arms if (b, a) in valid),
+                               point_seconds(plan.search.point_s, plan.search.warmup_s, plan.search.cooldown_s),
+                               plan.search.max_points)
         config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
         try:
             for block, arms in order:

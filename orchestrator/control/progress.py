@@ -1,32 +1,32 @@
-"""Progress of an experiment for people: a bar per block and point on a TTY, plain lines otherwise.
+"""Progress of an experiment for people: a live display with an ETA on a TTY, plain lines otherwise.
 
 Every line is an INFO record of the ``orchestrator.progress`` logger, carrying the run's context
 (``orchestrator.logs``); the terminal handler prints it on stderr (so --json stdout stays
-clean), above the bars when they are shown.
+clean), above the live display when it is shown.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Protocol
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.live import Live
+from rich.text import Text
 
 from orchestrator import logs
+from orchestrator.control.eta import Estimate, estimate, format_duration, point_seconds
 
 log = logs.get_logger("orchestrator.progress")
 
 
 class ProgressSink(Protocol):
     def blocks(self, total: int) -> None: ...
+    def schedule(self, total_runs: int, done_runs: int, point_s: float, max_points: int) -> None: ...
     def run_started(self, block: int, arm: str, attempt: int) -> None: ...
     def point_started(self, label: str, seconds: float) -> None: ...
     def point_done(self, line: str) -> None: ...
@@ -47,6 +47,9 @@ class PlainProgress:
 
     def blocks(self, total: int) -> None:
         self._say(f"{total} block(s) to run")
+
+    def schedule(self, total_runs: int, done_runs: int, point_s: float, max_points: int) -> None:
+        """The runs planned (``done_runs`` of them already done), for an ETA; no line."""
 
     def run_started(self, block: int, arm: str, attempt: int) -> None:
         self._say(f"block {block} arm {arm}" + (f" (attempt {attempt + 1})" if attempt else "") + ": deploying")
@@ -71,36 +74,182 @@ class PlainProgress:
 
 
 class RichProgress(PlainProgress):
-    """Bars for blocks and the current point; event lines printed above them."""
+    """A live two-line display on stderr, event lines printed above it:
 
-    def __init__(self) -> None:
-        self.console = Console(stderr=True)
+    ``runs 3/8 done, ETA 42m10s | block 2 arm B (attempt 2), 7m12s in this run``
+    ``point 1.5 req/s: 63/155s [#####.....] | last: 1.2 req/s: attainment interactive 0.95``
+
+    The ETA (``control.eta``) starts from the plan (deploy estimate + max_points points per run)
+    and follows the mean duration of this process's valid runs once there are some.
+    """
+
+    def __init__(self, console: Console | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console or Console(stderr=True)
         super().__init__()
-        self.bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=True,
-        )
-        self.bar.start()
-        self.block_task: TaskID | None = None
-        self.point_task: TaskID | None = None
+        self.clock = clock
+        self.total_runs = 0
+        self.done_at_start = 0
+        self.point_s = 0.0
+        self.max_points = 0
+        self.ended: set[tuple[int, str]] = set()
+        self.finished_s: list[float] = []
+        self.current: tuple[int, str, int] | None = None  # block, arm, attempt
+        self.run_t0 = 0.0
+        self.point: tuple[str, float, float] | None = None  # label, seconds, started
+        self.last_point = ""
+        self.live = Live(self, console=self.console, transient=True, refresh_per_second=2,
+                         redirect_stderr=True)
+        self.live.start()
 
-    def blocks(self, total: int) -> None:
-        self.block_task = self.bar.add_task("blocks", total=total)
+    def schedule(self, total_runs: int, done_runs: int, point_s: float, max_points: int) -> None:
+        self.total_runs, self.done_at_start = total_runs, done_runs
+        self.point_s, self.max_points = point_s, max_points
+
+    def run_started(self, block: int, arm: str, attempt: int) -> None:
+        super().run_started(block, arm, attempt)
+        self.current = (block, arm, attempt)
+        self.ended.discard((block, arm))
+        self.run_t0 = self.clock()
+        self.point = None
 
     def point_started(self, label: str, seconds: float) -> None:
         super().point_started(label, seconds)
-        if self.point_task is not None:
-            self.bar.remove_task(self.point_task)
-        self.point_task = self.bar.add_task(f"point {label}", total=None)
+        self.point = (label, seconds, self.clock())
 
-    def block_done(self) -> None:
-        if self.block_task is not None:
-            self.bar.advance(self.block_task)
+    def point_done(self, line: str) -> None:
+        super().point_done(line)
+        self.last_point = line.strip()
+        self.point = None
+
+    def run_done(self, line: str) -> None:
+        super().run_done(line)
+        if self.current is not None:
+            block, arm, _ = self.current
+            self.ended.add((block, arm))
+            if ": valid;" in line:  # the executor's line for a valid run; others end early
+                self.finished_s.append(self.clock() - self.run_t0)
+        self.current = None
+        self.point = None
+
+    def estimate(self) -> Estimate:
+        now = self.clock()
+        point, current = self.point, self.current  # the display's thread reads while events come
+        point_left = 0.0 if point is None else max(0.0, point[1] - (now - point[2]))
+        return estimate(
+            total_runs=self.total_runs, done_runs=self.done_at_start + len(self.ended),
+            point_s=self.point_s, max_points=self.max_points, finished_s=list(self.finished_s),
+            running=current is not None, current_elapsed_s=now - self.run_t0 if current else 0.0,
+            point_left_s=point_left,
+        )
+
+    def lines(self) -> list[str]:
+        """What the display shows now (two lines at most)."""
+        now = self.clock()
+        est = self.estimate()
+        point, current = self.point, self.current
+        head = f"runs {est.done_runs}/{est.total_runs} done, ETA {format_duration(est.remaining_s)}"
+        if current is not None:
+            block, arm, attempt = current
+            head += (f" | block {block} arm {arm}" + (f" (attempt {attempt + 1})" if attempt else "")
+                     + f", {format_duration(now - self.run_t0)} in this run")
+        out = [head]
+        if point is not None:
+            label, seconds, t0 = point
+            done = max(0.0, min(now - t0, seconds))
+            out.append(f"point {label}: {done:.0f}/{seconds:.0f}s {_bar(done / seconds if seconds else 1.0)}"
+                       + (f" | last: {self.last_point}" if self.last_point else ""))
+        elif current is not None:
+            out.append("deploying" if not self.last_point else f"last: {self.last_point}")
+        return out
+
+    def __rich__(self) -> Text:
+        return Text("\n".join(self.lines()))
 
     def close(self) -> None:
-        self.bar.stop()
+        self.live.stop()
+
+
+def _bar(fraction: float, width: int = 20) -> str:
+    full = int(round(max(0.0, min(1.0, fraction)) * width))
+    return "[" + "#" * full + "." * (width - full) + "]"
 
 
 def progress_for_terminal() -> ProgressSink:
-    """Rich bars when stderr is a terminal, plain lines otherwise."""
+    """The live display when stderr is a terminal, plain lines otherwise."""
     return RichProgress() if sys.stderr.isatty() else PlainProgress()
+
+
+# -- an experiment's progress read from the store (`orch status --watch`) ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredProgress:
+    """Where an experiment stands, from its stored runs and points."""
+
+    name: str
+    id: int
+    status: str
+    estimate: Estimate
+    valid_runs: int
+    current: str | None  # "block 2 arm B (attempt 2): 3 point(s), last 1.5 req/s attainment 0.93"
+
+    @property
+    def running(self) -> bool:
+        return self.status in ("queued", "running")
+
+    def line(self) -> str:
+        """The progress line (without the time-dependent ETA, see ``eta_line``)."""
+        e = self.estimate
+        head = f"{self.name} (id {self.id}): {self.status}, runs {e.done_runs}/{e.total_runs} done"
+        return head + (f" | {self.current}" if self.current else "")
+
+    def eta_line(self) -> str:
+        return self.line() + f" | ETA {format_duration(self.estimate.remaining_s)}"
+
+
+def stored_progress(store: Any, key: int | str, now: datetime | None = None) -> StoredProgress:
+    """The experiment's progress (raises the store's NotFound for an unknown one). Total runs:
+    two per planned block; done: the (block, arm) pairs with a valid run; the ETA is
+    ``control.eta`` over the finished valid runs' measured durations."""
+    from orchestrator.plan import plan_from_canonical
+
+    now = now or datetime.now(UTC)
+    exp = store.get_experiment(key)
+    plan = plan_from_canonical(store.get_registration(exp.registration_id).canonical_json)
+    runs = store.runs(exp.id)
+    valid = [r for r in runs if r.status == "done" and r.valid]
+    finished_s = [(_aware(r.finished_at) - _aware(r.started_at)).total_seconds() for r in valid if r.finished_at]
+    running = [r for r in runs if r.status == "running"]
+    current: str | None = None
+    elapsed = 0.0
+    if running and exp.status in ("queued", "running"):
+        r = running[-1]
+        elapsed = max(0.0, (now - _aware(r.started_at)).total_seconds())
+        pts = store.points(r.id)
+        current = (f"block {r.block} arm {r.arm}" + (f" (attempt {r.attempt + 1})" if r.attempt else "")
+                   + f": {len(pts)} point(s)")
+        if len(pts):
+            current += ", last " + _point_text(pts.iloc[-1].to_dict())
+        else:
+            current += ", deploying"
+    s = plan.search
+    est = estimate(total_runs=len(plan.arms) * plan.design.blocks,
+                   done_runs=len({(r.block, r.arm) for r in valid}),
+                   point_s=point_seconds(s.point_s, s.warmup_s, s.cooldown_s), max_points=s.max_points,
+                   finished_s=finished_s, running=current is not None, current_elapsed_s=elapsed)
+    return StoredProgress(exp.name, exp.id, exp.status, est, len(valid), current)
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def _point_text(p: dict[str, Any]) -> str:
+    rate = p.get("offered_rate")
+    users = p.get("users")
+    what = f"{rate:.3g} req/s" if isinstance(rate, float) and rate == rate else (
+        f"{users} users" if users is not None else "point")
+    per_class = p.get("per_class") or {}
+    atts = [f"{k} {v['attainment']:.2f}" for k, v in per_class.items()
+            if isinstance(v, dict) and isinstance(v.get("attainment"), int | float)]
+    return what + (f": attainment {', '.join(atts)}" if atts else " (measuring)")

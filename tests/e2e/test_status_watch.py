@@ -1,0 +1,113 @@
+"""`orch status --watch EXPERIMENT` follows an experiment from the store: progress lines while it
+runs (runs done of planned, the current run, its points, the ETA), then the final status; exit 0
+when it ends, exit 1 with one line for an experiment that is not there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.main import main
+from orchestrator.plan import load_plan_file
+from orchestrator.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _running_experiment(url: str) -> int:
+    """Block 0: arm A done and valid (one point), arm B running with one point so far."""
+    with Store.open(url) as st:
+        plan = load_plan_file(ROOT / "examples" / "quickstart.yaml")
+        exp = st.create_experiment(st.register_plan(plan).id, name="watched")
+        st.set_experiment_status(exp, "running")
+        a = st.start_run(exp, "A", 0, 0, 0, st.deployment_config(plan, "A"))
+        st.record_point(a, seq=0, window_start_s=0, window_end_s=1, offered_rate=2.0,
+                        per_class={"interactive": {"attainment": 0.97}})
+        st.finish_run(a, "done", True)
+        b = st.start_run(exp, "B", 0, 1, 0, st.deployment_config(plan, "B"))
+        st.record_point(b, seq=0, window_start_s=0, window_end_s=1, offered_rate=1.5,
+                        per_class={"interactive": {"attainment": 0.93}})
+        return exp
+
+
+def test_watch_follows_until_the_experiment_ends(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
+    exp = _running_experiment(sqlite_url)
+    blocks = load_plan_file(ROOT / "examples" / "quickstart.yaml").design.blocks
+
+    def finish() -> None:
+        time.sleep(1.0)
+        with Store.open(sqlite_url) as st:
+            st.set_experiment_status(exp, "done")
+
+    t = threading.Thread(target=finish)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        code = main(["status", "--watch", "watched", "--interval", "0.1"])
+    finally:
+        t.join()
+    took = time.monotonic() - t0
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert took < 10, took
+    lines = out.splitlines()
+    # one progress line (it did not change while polled), then the final status
+    assert lines[0].startswith(f"watched (id {exp}): running, runs 1/{2 * blocks} done | block 0 arm B: "
+                               "1 point(s), last 1.5 req/s: attainment interactive 0.93 | ETA "), out
+    assert sum("running, runs" in line for line in lines) == 1, out
+    assert lines[1] == f"watched (id {exp}): done, 1/{2 * blocks} valid runs", out
+
+
+def test_watch_of_an_experiment_already_ended_prints_its_status(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
+    exp = _running_experiment(sqlite_url)
+    with Store.open(sqlite_url) as st:
+        st.set_experiment_status(exp, "cancelled")
+    assert main(["status", "--watch", str(exp), "--interval", "0.1"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"watched (id {exp}): cancelled, 1/")
+
+
+def test_watch_of_an_unknown_experiment_is_one_line_and_exit_1(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
+    monkeypatch.delenv("ORCH_DEBUG", raising=False)
+    assert main(["status", "--watch", "nope", "--interval", "0.1"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines() == ["no experiment 'nope' (`orch status` lists them)"]
+
+
+def test_watch_as_a_process(sqlite_url: str) -> None:
+    """`python -m orchestrator.cli.main status --watch`: its first progress line comes while the
+    experiment runs; marked done by another process (this test), it prints the status and exits 0."""
+    exp = _running_experiment(sqlite_url)
+    env = {**os.environ, "ORCH_DATABASE_URL": sqlite_url}
+    env.pop("ORCH_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "status", "--watch", "watched",
+                             "--interval", "0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(60, proc.kill)  # a watch that never prints must not hang the suite
+    guard.start()
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith(f"watched (id {exp}): running, runs 1/"), first
+        with Store.open(sqlite_url) as st:
+            st.set_experiment_status(exp, "done")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        guard.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[0].startswith(f"watched (id {exp}): done, 1/"), out

@@ -1,0 +1,78 @@
+"""The live display of `orch run` (a fake clock, a terminal console writing to a buffer) and the
+plain lines kept when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+from rich.console import Console
+
+from orchestrator.control import progress as progress_mod
+from orchestrator.control.progress import PlainProgress, RichProgress, progress_for_terminal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_display_lines_follow_runs_points_and_eta() -> None:
+    clock = Clock()
+    buf = io.StringIO()
+    p = RichProgress(console=Console(file=buf, force_terminal=True, width=200), clock=clock)
+    try:
+        # 4 runs, 1 already done; a run is expected at 60 s deploy + 3 points x 100 s = 360 s
+        p.schedule(4, 1, 100.0, 3)
+        p.run_started(1, "B", 1)
+        clock.t = 50
+        # 2 waiting x 360 + (360 - 50) = 1030 s
+        assert p.lines() == ["runs 1/4 done, ETA 17m10s | block 1 arm B (attempt 2), 50s in this run",
+                             "deploying"]
+        p.point_started("2 req/s", 100)
+        clock.t = 80
+        # 720 + max(360 - 80, 100 - 30) = 1000 s
+        assert p.lines() == ["runs 1/4 done, ETA 16m40s | block 1 arm B (attempt 2), 1m20s in this run",
+                             "point 2 req/s: 30/100s [######..............]"]
+        p.point_done("2 req/s: attainment interactive 0.95")
+        p.point_started("3 req/s", 100)
+        clock.t = 180
+        assert p.lines()[1] == ("point 3 req/s: 100/100s [####################]"
+                                " | last: 2 req/s: attainment interactive 0.95")
+        clock.t = 400
+        p.run_done("block 1 arm B: valid; capacity 2 req/s (2 points)")
+        # measured: 400 s a run; 2 runs left -> 800 s
+        assert p.lines() == ["runs 2/4 done, ETA 13m20s"]
+        p.run_started(2, "A", 0)
+        clock.t = 500
+        p.run_done("block 2 arm A: INVALID (guard); will retry if allowed")
+        assert p.estimate().per_run_s == 400  # an invalid run's duration does not count
+        p.run_started(2, "A", 1)
+        # a retry: its (block, arm) is not done
+        assert p.lines()[0] == "runs 2/4 done, ETA 13m20s | block 2 arm A (attempt 2), 0s in this run"
+    finally:
+        p.close()
+
+
+def test_plain_lines_are_unchanged_and_schedule_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    p = PlainProgress()
+    with caplog.at_level(logging.INFO, logger="orchestrator.progress"):
+        p.blocks(2)
+        p.schedule(4, 0, 155.0, 12)
+        p.run_started(0, "A", 0)
+        p.point_started("2 req/s", 155)
+        p.point_done("2 req/s: attainment interactive 0.95")
+        p.run_done("block 0 arm A: valid; x (1 points)")
+    assert [r.getMessage() for r in caplog.records if r.name == "orchestrator.progress"] == [
+        "2 block(s) to run", "block 0 arm A: deploying", "  point 2 req/s (155s)",
+        "    2 req/s: attainment interactive 0.95", "  block 0 arm A: valid; x (1 points)",
+    ]
+
+
+def test_not_a_terminal_gets_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_mod.sys.stderr, "isatty", lambda: False, raising=False)
+    assert type(progress_for_terminal()) is PlainProgress
