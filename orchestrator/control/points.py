@@ -18,6 +18,7 @@ from orchestrator.analysis.guards import GuardResult, PointContext, prompt_lengt
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
+from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
@@ -293,6 +294,8 @@ class PointRunner:
             starts = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
             return self._measure_sessions(dep, run_id, arm, seq, rate, search_class, seed, starts)
         offsets, requests = _data(point_load, plan.workload, rate, duration, seed)
+        requests = fit_point_prompts(plan.workload, requests, dep.endpoint.url, dep.endpoint.model,
+                                     dep.endpoint.headers)  # exact lengths when the plan names a tokenizer
         phases = point_phases(offsets, s.warmup_s, s.point_s)
         started = time.time()
         point_id = self.store.record_point(

@@ -9,7 +9,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from orchestrator.plan.base import CrossFieldError, StrictModel
 from orchestrator.plan.sources import DataFileError, DataSource, file_sha256, source_stats
 
-OPTIONAL_LATER_FIELDS = ("sessions", "source", "output_dist")
+OPTIONAL_LATER_FIELDS = ("sessions", "source", "output_dist", "tokenizer")
 
 
 class LengthDist(StrictModel):
@@ -89,6 +89,26 @@ class Sessions(StrictModel):
     think: ThinkTime = Field(default_factory=ThinkTime, description="Pause before each later turn.")
 
 
+class PromptTokenizer(StrictModel):
+    """Whose tokenizer counts the synthetic prompts: before each point's requests are sent,
+    every first-turn completion prompt is fitted to exactly its asked length under it, so the
+    records' ``prompt_tokens`` are the served model's own count. Give one of the two."""
+
+    file: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="Path of a local `tokenizer.json` (read with the `tokenizers` library).",
+    )
+    server: bool = Field(
+        default=False, description="Ask the served endpoint's `POST /tokenize` (vLLM has it).",
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> PromptTokenizer:
+        if (self.file is not None) == self.server:
+            raise CrossFieldError([("file", "give either `file: PATH` (a tokenizer.json) or `server: true`")])
+        return self
+
+
 class PromptSpec(StrictModel):
     """What the prompts look like."""
 
@@ -137,6 +157,13 @@ class Workload(StrictModel):
         "or `output_tokens`, their means come from the file.",
     )
 
+    tokenizer: PromptTokenizer | None = Field(
+        default=None,
+        description="Fit the synthetic prompts to their exact asked lengths with the served model's "
+        "tokenizer (`{file: PATH}` or `{server: true}`); default: one word = one token. Open-loop "
+        "synthetic prompts only (not with `source`, `sessions` or `closed`).",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _default_arrival(cls, data: object) -> object:
@@ -166,6 +193,10 @@ class Workload(StrictModel):
         if self.source is not None and self.output_dist is not None:
             raise CrossFieldError([("output_dist", "a data `source` sets reply lengths per request "
                                                    "itself; remove `output_dist`")])
+        if self.tokenizer is not None and (self.source is not None or self.sessions is not None
+                                           or self.closed is not None):
+            raise CrossFieldError([("tokenizer", "exact prompt fitting applies to open-loop synthetic "
+                                                 "prompts; remove `tokenizer`, or `source`/`sessions`/`closed`")])
         if self.sessions is not None and self.closed is not None:
             raise CrossFieldError([("sessions", "sessions start on the open-loop clock (`arrival`); "
                                                 "remove `closed` or `sessions`")])
