@@ -19,6 +19,7 @@ from orchestrator.loadgen.workloads import (
     fit_prompts,
     tokenizer_file_counter,
 )
+from orchestrator.plan.sources import DataFileError, file_sha256
 from orchestrator.plan.workload import Workload
 
 
@@ -32,6 +33,21 @@ def _file_counter(path: str) -> TokenCounter:
         raise PermanentError(f"workload.tokenizer.file: cannot load {path}: {e}") from e
 
 
+def _check_pinned(path: str, sha256: str | None) -> None:
+    """The registered plan names the tokenizer by its sha256: a file edited since is refused."""
+    if sha256 is None:
+        return
+    try:
+        now = file_sha256(path)
+    except DataFileError as e:
+        raise PermanentError(f"workload.tokenizer.file: {e}") from None
+    if now != sha256:
+        raise PermanentError(
+            f"workload.tokenizer.file: {path} changed since the plan was registered (sha256 {now[:12]}, "
+            f"registered {sha256[:12]}); restore it, or register the plan again (another plan)"
+        )
+
+
 def fit_point_prompts(workload: Workload, requests: Sequence[RequestSpec], url: str, model: str,
                       headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None) -> list[RequestSpec]:
     """``requests`` fitted under the plan's tokenizer; unchanged (the same list's items) without
@@ -42,6 +58,7 @@ def fit_point_prompts(workload: Workload, requests: Sequence[RequestSpec], url: 
         return list(requests)
     try:
         if tok.file is not None:
+            _check_pinned(tok.file, tok.sha256)
             return fit_prompts(requests, _file_counter(tok.file))
         hdrs = dict(headers.items()) if isinstance(headers, Mapping) else dict(headers or ())
         with TokenizeCounter(url, model, hdrs) as count:

@@ -101,6 +101,12 @@ class PromptTokenizer(StrictModel):
     server: bool = Field(
         default=False, description="Ask the served endpoint's `POST /tokenize` (vLLM has it).",
     )
+    sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of `file`; filled in from the file when the plan is loaded, so the "
+        "registered plan names the exact tokenizer (an edited file is another plan) and a run "
+        "refuses a file that changed since.",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> PromptTokenizer:
@@ -171,6 +177,8 @@ class Workload(StrictModel):
             data = {**data, "arrival": {"process": "poisson"}}
         if isinstance(data, dict) and isinstance(data.get("source"), dict):
             data = _pin_source(data)
+        if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):
+            data = _pin_tokenizer(data)
         if isinstance(data, dict) and "output_tokens" not in data and isinstance(data.get("output_dist"), dict):
             mean = data["output_dist"].get("mean")
             if isinstance(mean, int | float) and not isinstance(mean, bool) and mean >= 1:
@@ -232,6 +240,19 @@ class Workload(StrictModel):
         for t in range(p.turns):
             total += first + t * (self.output_tokens + follow) + self.output_tokens
         return total / p.turns
+
+
+def _pin_tokenizer(data: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer file's sha256, pinned into the registered plan like a data source's."""
+    tok = dict(data["tokenizer"])
+    path = tok.get("file")
+    if not isinstance(path, str) or not path or tok.get("sha256") is not None:
+        return data  # no file (server), already pinned, or a wrong value its validation reports
+    try:
+        tok["sha256"] = file_sha256(path)
+    except DataFileError as e:
+        raise CrossFieldError([("tokenizer.file", str(e))]) from None
+    return {**data, "tokenizer": tok}
 
 
 def _pin_source(data: dict[str, Any]) -> dict[str, Any]:

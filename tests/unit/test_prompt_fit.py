@@ -4,6 +4,7 @@ the server's /tokenize (a mock transport)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def test_unset_tokenizer_leaves_the_canonical_workload_unchanged() -> None:
     assert w.tokenizer is None
     assert "tokenizer" not in w.model_dump(mode="json")
     with_tok = Workload.model_validate({**BASE, "tokenizer": {"server": True}})
-    assert with_tok.model_dump(mode="json")["tokenizer"] == {"file": None, "server": True}
+    assert with_tok.model_dump(mode="json")["tokenizer"] == {"file": None, "server": True, "sha256": None}
 
 
 @pytest.mark.parametrize("tok", [{}, {"file": "t.json", "server": True}, {"server": False}, {"file": ""},
@@ -74,15 +75,31 @@ def test_without_a_tokenizer_the_prompts_are_left_alone() -> None:
     assert prompt_fit.fit_point_prompts(w, reqs, "http://127.0.0.1:9", "m") == reqs
 
 
-def test_a_missing_or_bad_tokenizer_file_is_a_permanent_error(tmp_path: Path) -> None:
+def test_a_missing_or_bad_tokenizer_file_is_an_error(tmp_path: Path) -> None:
     reqs = build_requests(Workload.model_validate(BASE), 2, seed=1)
-    w = Workload.model_validate({**BASE, "tokenizer": {"file": str(tmp_path / "absent.json")}})
-    with pytest.raises(PermanentError, match="no such file"):
-        prompt_fit.fit_point_prompts(w, reqs, "http://127.0.0.1:9", "m")
+    with pytest.raises(ValidationError, match=r"tokenizer\.file.*no such file"):  # at plan load, not at a point
+        Workload.model_validate({**BASE, "tokenizer": {"file": str(tmp_path / "absent.json")}})
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     w = Workload.model_validate({**BASE, "tokenizer": {"file": str(bad)}})
     with pytest.raises(PermanentError, match="cannot load"):
+        prompt_fit.fit_point_prompts(w, reqs, "http://127.0.0.1:9", "m")
+
+
+def test_the_tokenizer_file_is_pinned_by_sha256(tokenizer_json: Path, tmp_path: Path) -> None:
+    """The registered plan names the tokenizer by its sha256 (an edited file is another plan,
+    and a run refuses a file that changed since registration)."""
+    copy = tmp_path / "tokenizer.json"
+    copy.write_bytes(tokenizer_json.read_bytes())
+    w = Workload.model_validate({**BASE, "tokenizer": {"file": str(copy)}})
+    assert w.tokenizer is not None and w.tokenizer.sha256 == hashlib.sha256(copy.read_bytes()).hexdigest()
+    again = Workload.model_validate(w.model_dump(mode="json"))
+    assert again == w  # the pinned hash round-trips through the registered JSON
+    reqs = build_requests(w, 2, seed=1)
+    copy.write_bytes(copy.read_bytes() + b" ")
+    edited = Workload.model_validate({**BASE, "tokenizer": {"file": str(copy)}})
+    assert edited.tokenizer is not None and edited.tokenizer.sha256 != w.tokenizer.sha256
+    with pytest.raises(PermanentError, match="changed since the plan was registered"):
         prompt_fit.fit_point_prompts(w, reqs, "http://127.0.0.1:9", "m")
 
 
