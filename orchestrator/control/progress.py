@@ -228,9 +228,13 @@ def stored_progress(store: Any, key: int | str, now: datetime | None = None) -> 
         pts = store.points(r.id)
         current = (f"block {r.block} arm {r.arm}" + (f" (attempt {r.attempt + 1})" if r.attempt else "")
                    + f": {len(pts)} point(s)")
-        if len(pts):
-            current += ", last " + _point_text(pts.iloc[-1].to_dict())
-        else:
+        rows = [row.to_dict() for _, row in pts.iterrows()]
+        measured = [(row, att) for row in rows if (att := _attainment(row))]
+        if rows and not _attainment(rows[-1]):  # opened, its records not in yet
+            current += f", measuring {_point_name(rows[-1])}"
+        if measured:
+            current += f", last {_point_name(measured[-1][0])}: attainment {measured[-1][1]}"
+        if not rows:
             current += ", deploying"
     s = plan.search
     est = estimate(total_runs=len(plan.arms) * plan.design.blocks,
@@ -244,12 +248,15 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def _point_text(p: dict[str, Any]) -> str:
-    rate = p.get("offered_rate")
-    users = p.get("users")
-    what = f"{rate:.3g} req/s" if isinstance(rate, float) and rate == rate else (
-        f"{users} users" if users is not None else "point")
+def _point_name(p: dict[str, Any]) -> str:
+    rate, users = p.get("offered_rate"), p.get("users")
+    if isinstance(rate, int | float) and rate == rate:  # NaN: a closed-loop point
+        return f"{rate:.3g} req/s"
+    return f"{int(users)} users" if isinstance(users, int | float) and users == users else "point"
+
+
+def _attainment(p: dict[str, Any]) -> str:
+    """"interactive 0.93, batch 1.00"; empty while the point is being measured."""
     per_class = p.get("per_class") or {}
-    atts = [f"{k} {v['attainment']:.2f}" for k, v in per_class.items()
-            if isinstance(v, dict) and isinstance(v.get("attainment"), int | float)]
-    return what + (f": attainment {', '.join(atts)}" if atts else " (measuring)")
+    return ", ".join(f"{k} {v['attainment']:.2f}" for k, v in per_class.items()
+                     if isinstance(v, dict) and isinstance(v.get("attainment"), int | float))

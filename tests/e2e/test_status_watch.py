@@ -111,3 +111,16 @@ def test_watch_as_a_process(sqlite_url: str) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert out.splitlines()[0].startswith(f"watched (id {exp}): done, 1/"), out
+
+
+def test_stored_progress_names_the_point_being_measured(sqlite_url: str) -> None:
+    from orchestrator.control.progress import stored_progress
+
+    exp = _running_experiment(sqlite_url)
+    with Store.open(sqlite_url) as st:
+        b = next(r for r in st.runs(exp) if r.arm == "B")
+        st.record_point(b.id, seq=1, window_start_s=1, window_end_s=2, offered_rate=3.0)  # records not in yet
+        p = stored_progress(st, "watched")
+    assert p.current == ("block 0 arm B: 2 point(s), measuring 3 req/s, "
+                         "last 1.5 req/s: attainment interactive 0.93")
+    assert (p.estimate.done_runs, p.valid_runs) == (1, 1)
