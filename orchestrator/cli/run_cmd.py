@@ -261,6 +261,8 @@ def status(
     if watch:
         if experiment is None:
             raise UserError("--watch follows one experiment: `orch status --watch EXPERIMENT`")
+        if as_json:
+            raise UserError("--watch prints lines for people; without --watch, --json prints one document")
         _watch(experiment, interval)
     with Store.open() as store:
         exps = [store.get_experiment(experiment)] if experiment else store.list_experiments()

@@ -124,3 +124,14 @@ def test_stored_progress_names_the_point_being_measured(sqlite_url: str) -> None
     assert p.current == ("block 0 arm B: 2 point(s), measuring 3 req/s, "
                          "last 1.5 req/s: attainment interactive 0.93")
     assert (p.estimate.done_runs, p.valid_runs) == (1, 1)
+
+
+def test_watch_needs_an_experiment_and_no_json(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
+    monkeypatch.delenv("ORCH_DEBUG", raising=False)
+    assert main(["status", "--watch"]) == 1
+    assert main(["status", "--watch", "x", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 2
