@@ -16,13 +16,14 @@ import numpy as np
 
 from orchestrator.analysis.guards import GuardResult, PointContext, prompt_length, run_guards
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
+from orchestrator.analysis.saturation import EarlyStop, SaturationWatch
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
 from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
-from orchestrator.loadgen.runner import PointSummary, run_closed_loop, run_point
+from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, run_closed_loop, run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases, shards_needed
 from orchestrator.loadgen.scrape import Sample, parse_metrics
 from orchestrator.loadgen.sessions import run_sessions
@@ -309,6 +310,10 @@ class PointRunner:
         kwargs: dict[str, Any] = dict(api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
                                       deadline_s=duration + drain_seconds(plan), keep_records=True,
                                       headers=dict(dep.endpoint.headers))
+        stops: list[EarlyStop] = []
+        if s.early_stop and search_class is not None and shards == 1 and len(offsets):
+            # Search points only (a bar's fixed-rate point is measured whole), one process only.
+            kwargs["stop_when"] = self._stop_check(offsets, phases, stops)
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
             if shards > 1:
                 summary = _run_sharded(dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
@@ -317,9 +322,30 @@ class PointRunner:
                 summary = asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
                                                 phases, **kwargs))
         loop = {"kind": "open", "shards": shards, "per_shard_ceiling_rps": self.ceiling} if shards > 1 else None
+        early = stops[0] if stops and "stopped_at" in summary.extra else None
         return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
                               sink, before, before_t, during, started, seed, offered_rate=rate,
-                              loop=loop, shards=shards)
+                              loop=loop, shards=shards, early=early)
+
+    def _stop_check(self, offsets: np.ndarray, phases: Sequence[str],
+                    stops: list[EarlyStop]) -> Callable[[Sequence[RequestRecord], float], bool]:
+        """The open-loop point's early-stop question (analysis/saturation.py): certain to fail
+        every class? The first answer is kept in ``stops``."""
+        plan, s = self.plan, self.plan.search
+        n_window = sum(1 for p in phases if p == "measure")
+        first = float(offsets[0])
+        watch: list[SaturationWatch] = []  # made at the first question: the window's start is known then
+
+        def check(records: Sequence[RequestRecord], now: float) -> bool:
+            if not watch:
+                window_start = records[0].scheduled_s - first + s.warmup_s
+                watch.append(SaturationWatch(plan.classes, s.attainment, window_start, s.point_s, n_window))
+            stop = watch[0](records, now)
+            if stop is not None:
+                stops.append(stop)
+            return stop is not None
+
+        return check
 
     def shards_for(self, rate: float) -> int:
         """Load-generator processes a point at ``rate`` needs: one while one process holds the
@@ -393,19 +419,29 @@ class PointRunner:
                   search_class: str | None, requests: Sequence[RequestSpec], summary: PointSummary,
                   sink: SpoolingSink, before: list[Sample], before_t: float, during: DuringScraper,
                   started: float, seed: int, offered_rate: float | None,
-                  loop: dict[str, Any] | None = None, shards: int = 1) -> PointOutcome:
+                  loop: dict[str, Any] | None = None, shards: int = 1,
+                  early: EarlyStop | None = None) -> PointOutcome:
         """Metrics, guards and storage of a point that has run (open or closed loop)."""
         plan, s = self.plan, self.plan.search
         after_t, after = time.time(), scrape_samples(self.backend, dep)
         records = summary.records or []
+        window_s = s.point_s
+        judged = records
+        if early is not None:
+            # Stopped early (certain to fail every class): judged over what was scheduled before
+            # the stop (in-flight requests, cancelled, are misses), so its attainment is below the
+            # bar too; the requests never sent are stored, not judged.
+            stopped_at = float(summary.extra["stopped_at"])
+            judged = [r for r in records if not (r.sent_s is None and r.error == STOPPED_EARLY)]
+            window_s = max(1e-6, min(s.point_s, stopped_at - (summary.started_at + s.warmup_s)))
         # Every request scheduled in the window (open loop: by the schedule; closed loop: by
         # when its user was ready) is judged, finished or not.
-        n_measured = sum(1 for r in records if r.phase == "measure")
-        metrics = point_metrics(records, plan.classes, window_s=s.point_s, n_scheduled=n_measured)
+        n_measured = sum(1 for r in judged if r.phase == "measure")
+        metrics = point_metrics(judged, plan.classes, window_s=window_s, n_scheduled=n_measured)
         hit = server_prefix_hit_rate(before, after)
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
-            n_scheduled=n_measured, window_s=s.point_s,
+            n_scheduled=n_measured, window_s=window_s,
             expected_prefix_hit_rate=self._ideal_hit_rate(requests),
             server_prefix_hit_rate=hit,
             # N shards each hold the one-process ceiling; the guard judges the merged schedule.
@@ -417,8 +453,8 @@ class PointRunner:
             access_path_p99_s=access_path_p99(dep),
         )
         source = plan.workload.source
-        guards = [*run_guards(records, plan.guards, context), prompt_length(
-            records, plan.guards, not_asked="a prompts file's own text asks for no length"
+        guards = [*run_guards(judged, plan.guards, context), prompt_length(
+            judged, plan.guards, not_asked="a prompts file's own text asks for no length"
             if source is not None and source.kind == "prompts" else None)]
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
         doc = metrics.to_dict()
@@ -433,6 +469,9 @@ class PointRunner:
         }
         if loop is not None:  # no fixed schedule: the count judged is what became due in the window
             context_doc["loop"] = {**loop, "n_in_window": n_measured}
+        if early is not None:
+            context_doc["early_stop"] = {**early.to_dict(), "n_judged": n_measured,
+                                         "n_unsent": len(records) - len(judged)}
         self.store.finish_point(
             point_id, achieved_rate=metrics.achieved_rate, throughput_tok_s=metrics.throughput_tok_s,
             per_class=doc["per_class"],

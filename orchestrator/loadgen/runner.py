@@ -214,6 +214,39 @@ async def _sleep_until(perf_target: float, spin_s: float) -> None:
         await asyncio.sleep(0)
 
 
+StopCheck = Callable[[Sequence[RequestRecord], float], bool]
+STOPPED_EARLY = "not sent: the point stopped early (past capacity)"  # an unsent record's error
+
+
+async def _watch(stop_when: StopCheck, records: Sequence[RequestRecord], clock: Clock, every_s: float,
+                 stopped: asyncio.Event, stopped_at: list[float]) -> None:
+    """Ask ``stop_when`` every ``every_s`` (records as they stand, wall-clock now); set
+    ``stopped`` on the first yes."""
+    while True:
+        await asyncio.sleep(every_s)
+        now = clock.now()
+        if stop_when(records, now):
+            stopped_at.append(now)
+            stopped.set()
+            return
+
+
+async def _sleep_unless(perf_target: float, spin_s: float, stopped: asyncio.Event) -> bool:
+    """:func:`_sleep_until`, cut short by ``stopped``; False when stopped."""
+    delay = perf_target - time.perf_counter() - spin_s
+    if delay > 0:
+        try:
+            await asyncio.wait_for(stopped.wait(), delay)
+            return False
+        except TimeoutError:
+            pass
+    while time.perf_counter() < perf_target:
+        if stopped.is_set():
+            return False
+        await asyncio.sleep(0)
+    return not stopped.is_set()
+
+
 async def run_point(
     endpoint_url: str,
     model: str,
@@ -234,6 +267,8 @@ async def run_point(
     spin_s: float = 0.002,
     keep_records: bool = False,
     headers: Mapping[str, str] | None = None,
+    stop_when: StopCheck | None = None,
+    check_every_s: float = 0.25,
 ) -> PointSummary:
     """Send ``requests[i]`` at ``start + offsets[i]`` (open loop) and record each one.
 
@@ -241,6 +276,11 @@ async def run_point(
     (default: last offset + ``request_timeout_s``). ``start_at``: wall-clock epoch of offset 0
     (shards share one); default: just after the connection pool is warmed. With
     ``keep_records`` the records are also returned on ``summary.records``.
+
+    ``stop_when(records, now)`` (wall clock), asked every ``check_every_s`` while requests are
+    still to be sent: when it says True the point stops early: nothing more is sent (the rest
+    recorded ``unsent``), requests in flight are cancelled (recorded ``cancelled``), and
+    ``summary.extra["stopped_at"]`` holds the wall-clock time of the stop.
     """
     check_lengths(requests, offsets, phases)
     offs = np.asarray(offsets, dtype=np.float64)
@@ -259,23 +299,39 @@ async def run_point(
         last = float(offs[-1]) if len(offs) else 0.0
         deadline = t0 + (deadline_s if deadline_s is not None else last + request_timeout_s)
         records = [new_record(s, p, t0_wall + float(o)) for s, p, o in zip(requests, phases, offs, strict=True)]
+        stopped = asyncio.Event()
+        stopped_at: list[float] = []
+        watcher = (asyncio.get_running_loop().create_task(_watch(stop_when, records, clock, check_every_s, stopped,
+                                                                 stopped_at))
+                   if stop_when is not None else None)
         i = 0
-        for i, (spec, rec, off) in enumerate(zip(requests, records, offs, strict=True)):  # noqa: B007
-            target = t0 + float(off)
-            if target >= deadline:
-                break
-            await _sleep_until(target, spin_s)
-            point.spawn(spec, rec)
-        else:
-            i = len(records)
-        for rec in records[i:]:  # never sent before the deadline: recorded, not dropped
-            rec.error = "not sent before the end of the point"
+        try:
+            for i, (spec, rec, off) in enumerate(zip(requests, records, offs, strict=True)):  # noqa: B007
+                target = t0 + float(off)
+                if target >= deadline or stopped.is_set():
+                    break
+                if watcher is None:
+                    await _sleep_until(target, spin_s)
+                elif not await _sleep_unless(target, spin_s, stopped):
+                    break
+                point.spawn(spec, rec)
+            else:
+                i = len(records)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+        why = STOPPED_EARLY if stopped.is_set() else "not sent before the end of the point"
+        for rec in records[i:]:  # never sent before the deadline (or the stop): recorded, not dropped
+            rec.error = why
             batcher.add(rec)
-        await point.drain(deadline)
+        await point.drain(time.perf_counter() if stopped.is_set() else deadline)
     finally:
         await batcher.close()
         await transport.close()
     summary = summarize(batcher.all, t0_wall, client)
+    if stopped_at:
+        summary.extra["stopped_at"] = stopped_at[0]
     if keep_records:
         summary.records = batcher.all
     return summary

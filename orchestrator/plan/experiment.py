@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.arms import Arm, RouterConfig
@@ -77,6 +84,20 @@ class SearchSettings(StrictModel):
     use_prior: bool = Field(
         default=True, description="Start from the simulator's predicted capacity when available."
     )
+    early_stop: bool = Field(
+        default=True,
+        description="End a search point early once it is certain to miss the attainment bar for every "
+                    "class (recorded as a failing point, past capacity).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_early_stop(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered: left out at its default, so every earlier plan
+        # keeps its canonical JSON and hash (a plan that turns it off says so and hashes apart).
+        out = handler(self)
+        if isinstance(out, dict) and out.get("early_stop") is True:
+            out.pop("early_stop")
+        return out
 
 
 class Design(StrictModel):
