@@ -16,6 +16,10 @@ Printed: points, point-seconds (GPU time the search holds the arm) each way, the
 capacities (they must agree: a stopped point is a failing point either way).
 
 Run: .venv/bin/python benchmarks/search_bench.py [--max-rate 64] [--seed 1]
+
+Measured on the build machine (defaults): full points 7 points, 1185 point-seconds; early stop
+the same 7 points (3 of them stopped at 66 s: the 30 % minimum of the window), 827
+point-seconds: ratio 0.698 (30.2 % saved); the same capacity, 3298.1 tok/s at 12.88 req/s.
 """
 
 from __future__ import annotations
