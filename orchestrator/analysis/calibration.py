@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from orchestrator.analysis.balance import abba_orders, order_balance
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import (
     CONTAMINATED_SHARE,
@@ -40,11 +41,9 @@ from orchestrator.analysis.stats import (
     Censoring,
     Direction,
     Method,
-    abba_orders,
     judge,
     judge_bars,
     judge_many,
-    order_balance,
 )
 
 NOISE_KINDS = ("normal", "student_t3", "laplace", "contaminated", "exp_tail", "exponential", "contaminated_far")

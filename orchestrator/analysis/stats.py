@@ -44,9 +44,8 @@ test impossible; 0/0 (both arms without a passing rate) is unbounded both ways, 
 
 Several bars of one plan are corrected with Holm's step-down procedure, for ACCEPT and for
 REJECT alike (``judge_bars``). Every judgement carries ``label``: what exactly its interval is.
-``blocks_needed`` is the power analysis: the smallest number of blocks whose ACCEPT probability
-(normal noise, the method's critical value) reaches the asked power. ``order_balance`` says
-whether the blocks a verdict rests on are balanced against a linear drift.
+The power analysis (``analysis.power``) and the balance of a design against drift
+(``analysis.balance``) live beside this module.
 """
 
 from __future__ import annotations
@@ -71,8 +70,6 @@ STUDENT_T: Method = "student_t"
 Censoring = Literal["below_min", "above_max", "at_ceiling"]
 CENSORING: tuple[str, ...] = ("below_min", "above_max", "at_ceiling")
 
-# A power analysis that needs more blocks than this is reported as infeasible.
-MAX_BLOCKS = 10_000
 # Measurement resolution: the per-block sd of ln(B/A) is never taken below this (ln units).
 SD_FLOOR = 0.01
 
@@ -259,7 +256,7 @@ def t_quantile(confidence: float, df: int) -> float:
     return float(sps.t.ppf(confidence, df))
 
 
-def _check(threshold: float, confidence: float, direction: str) -> None:
+def check_bar(threshold: float, confidence: float, direction: str) -> None:
     if not (threshold > 0 and math.isfinite(threshold)):
         raise ValueError(f"threshold must be a finite ratio > 0 (got {threshold})")
     if not 0 < confidence < 1:
@@ -386,11 +383,11 @@ def judge(
 
     A float infinite log ratio (an arm with zero capacity in a block) makes the bound
     meaningless: the verdict is INCONCLUSIVE with a note. NaN is a bug upstream and raises."""
-    _check(threshold, confidence, direction)
+    check_bar(threshold, confidence, direction)
     c_acc = confidence if accept_confidence is None else accept_confidence
     c_rej = confidence if reject_confidence is None else reject_confidence
-    _check(threshold, c_acc, direction)
-    _check(threshold, c_rej, direction)
+    check_bar(threshold, c_acc, direction)
+    check_bar(threshold, c_rej, direction)
     if not sd_floor >= 0:
         raise ValueError(f"sd_floor must be >= 0 (got {sd_floor})")
     lo_r, hi_r, why = _as_intervals(log_ratios)
@@ -478,7 +475,7 @@ def judge_many(
 ) -> np.ndarray:
     """Verdicts of many experiments at once (rows of exact block log ratios), as ``judge``
     would give them: an array of +1 (ACCEPT), -1 (REJECT), 0 (INCONCLUSIVE). For calibration."""
-    _check(threshold, confidence, direction)
+    check_bar(threshold, confidence, direction)
     x = np.atleast_2d(np.asarray(log_ratios, dtype=np.float64))
     n = x.shape[1]
     if n < 2:
@@ -596,125 +593,3 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
         notes.append(holm)
         out.append(_labelled(_replace(j, note="; ".join(notes)), holm))
     return out
-
-
-# --- power ---------------------------------------------------------------------------------------
-
-
-def accept_probability(
-    n: int,
-    sigma: float,
-    true_ratio: float,
-    threshold: float,
-    confidence: float,
-    direction: Direction = "at_least",
-    method: Method = ROBUST,
-) -> float:
-    """P(ACCEPT) with ``n`` blocks of normal log-ratio noise ``sigma`` (noncentral t at the
-    method's critical value; the spread floor is ignored, which is exact for sigma >> floor)."""
-    _check(threshold, confidence, direction)
-    if n < 2:
-        return 0.0
-    if not sigma > 0:
-        raise ValueError(f"sigma must be > 0 (got {sigma})")
-    delta = math.log(true_ratio) - math.log(threshold)
-    if direction == "at_most":
-        delta = -delta
-    ncp = delta / (sigma / math.sqrt(n))
-    return float(sps.nct.sf(critical_value(n, confidence, method), n - 1, ncp))
-
-
-def blocks_needed(
-    sigma: float,
-    true_ratio: float,
-    threshold: float,
-    confidence: float,
-    power: float = 0.8,
-    direction: Direction = "at_least",
-    method: Method = ROBUST,
-) -> int:
-    """Smallest number of blocks (>= 2) whose ACCEPT probability is at least ``power``.
-
-    ``sigma`` is the spread of the per-block log ratio (from a pilot or the simulator). Raises
-    ``ValueError`` when the true ratio does not clear the bar (no number of blocks helps) or
-    when more than ``MAX_BLOCKS`` would be needed."""
-    _check(threshold, confidence, direction)
-    if not 0 < power < 1:
-        raise ValueError(f"power must be in (0, 1) (got {power})")
-    clears = true_ratio > threshold if direction == "at_least" else true_ratio < threshold
-    if not clears:
-        raise ValueError(
-            f"a true ratio of {true_ratio:g} does not clear the bar ({direction} {threshold:g}); "
-            "no number of blocks gives power above 1 - confidence"
-        )
-
-    def ok(n: int) -> bool:
-        return accept_probability(n, sigma, true_ratio, threshold, confidence, direction, method) >= power
-
-    hi = 2
-    while not ok(hi):
-        if hi >= MAX_BLOCKS:
-            raise ValueError(f"more than {MAX_BLOCKS} blocks needed; the effect is too small for the noise")
-        hi = min(hi * 2, MAX_BLOCKS)
-    lo = max(2, hi // 2)
-    if ok(lo):
-        return lo
-    while hi - lo > 1:  # ok(hi) and not ok(lo); power rises with n
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-# --- the design ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OrderBalance:
-    """Whether the blocks a verdict rests on cancel a linear drift in time.
-
-    Within a block the arm that runs second sees one more step of drift; a block run A-then-B
-    adds +d to ln(B/A), B-then-A adds -d. ``drift_weight`` = (A-first - B-first) / blocks is
-    the share of one step's drift d left in the mean log ratio (0 when balanced)."""
-
-    balanced: bool
-    a_first: int
-    b_first: int
-    drift_weight: float
-    warning: str = ""
-
-
-def order_balance(
-    orders: Sequence[Sequence[str]],
-    dropped: Sequence[int] = (),
-    arms: tuple[str, str] = ("A", "B"),
-) -> OrderBalance:
-    """Balance of a design against linear drift: ``orders[b]`` is block b's arms in run order
-    (as ``control.design.block_order`` gives them); ``dropped`` the blocks the verdict cannot
-    use (no valid run of an arm). ABBA with an odd number of blocks, or a dropped block, leaves
-    one arm going first more often: the warning says so and by how much."""
-    first, second = arms
-    dropped_set = set(dropped)
-    kept = [(b, tuple(o)) for b, o in enumerate(orders) if b not in dropped_set]
-    a_first = sum(1 for _, o in kept if o and o[0] == first)
-    b_first = sum(1 for _, o in kept if o and o[0] == second)
-    n = a_first + b_first
-    weight = (a_first - b_first) / n if n else 0.0
-    if a_first == b_first:
-        return OrderBalance(True, a_first, b_first, 0.0)
-    lead, more, fewer = (first, a_first, b_first) if a_first > b_first else (second, b_first, a_first)
-    why = f"blocks {sorted(dropped_set)} dropped; " if dropped_set else ""
-    warning = (
-        f"{why}{n} blocks used: {more} run {lead} first and {fewer} the other way, so a linear "
-        f"drift of d per run shifts ln(B/A) by {weight:+.3g} d (not cancelled); "
-        + ("use an even number of blocks" if not dropped_set else "rerun the dropped block(s) to restore balance")
-    )
-    return OrderBalance(False, a_first, b_first, weight, warning)
-
-
-def abba_orders(blocks: int, arms: tuple[str, str] = ("A", "B")) -> list[tuple[str, str]]:
-    """Run order per block under ABBA (block 0 A-then-B, block 1 B-then-A, ...)."""
-    first, second = arms
-    return [(first, second) if b % 2 == 0 else (second, first) for b in range(blocks)]

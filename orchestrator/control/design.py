@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.analysis.stats import order_balance
+from orchestrator.analysis.balance import order_balance
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Design
 
@@ -26,7 +26,7 @@ def block_order(design: Design, arms: tuple[str, str] = ("A", "B")) -> list[tupl
 
 def design_warnings(design: Design) -> list[str]:
     """`orch plan validate` and the dry run: ABBA over an odd number of blocks runs one arm
-    first more often, so a linear drift in time is not cancelled (analysis.stats.order_balance
+    first more often, so a linear drift in time is not cancelled (analysis.balance.order_balance
     says by how much)."""
     if design.order != "ABBA":
         return []

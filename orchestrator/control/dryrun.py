@@ -36,12 +36,12 @@ import numpy as np
 from platformdirs import user_cache_dir, user_data_dir
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
+from orchestrator.analysis.power import blocks_needed
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
 from orchestrator.analysis.stats import (
     BarEvidence,
     BlockRatio,
     Judgement,
-    blocks_needed,
     judge_bars,
 )
 from orchestrator.control.design import design_warnings

@@ -6,13 +6,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.analysis.balance import order_balance
 from orchestrator.analysis.stats import (
     BarEvidence,
     BlockRatio,
     CapacityValue,
     Judgement,
     judge_bars,
-    order_balance,
 )
 from orchestrator.control.design import block_order
 from orchestrator.plan import Bar, Plan

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from orchestrator.analysis.balance import abba_orders, order_balance
+from orchestrator.analysis.power import accept_probability, blocks_needed
 from orchestrator.analysis.stats import (
     ROBUST,
     SD_FLOOR,
@@ -19,15 +21,11 @@ from orchestrator.analysis.stats import (
     BarEvidence,
     BlockRatio,
     CapacityValue,
-    abba_orders,
-    accept_probability,
-    blocks_needed,
     critical_value,
     judge,
     judge_bars,
     judge_many,
     log_ratios,
-    order_balance,
     tail_probability,
 )
 

@@ -120,7 +120,7 @@ def test_closed_loop_plan_is_refused() -> None:
 
 def test_an_odd_abba_design_is_warned_about_in_the_dry_run_and_plan_validate(result, tmp_path, capsys) -> None:
     """Issue 17: ABBA over an odd number of blocks leaves a linear drift in the mean log ratio
-    (analysis.stats.order_balance); the dry run's notes and `orch plan validate` say so."""
+    (analysis.balance.order_balance); the dry run's notes and `orch plan validate` say so."""
     from orchestrator.cli.main import main
 
     assert any("2 run A first and 1 the other way" in n and "even number of blocks" in n for n in result.notes)
