@@ -158,6 +158,9 @@ class Bar(StrictModel):
         return "at_least" if self.at_least is not None else "at_most"
 
 
+PROMPT_LENGTH_TOLERANCE = 0.05
+
+
 class GuardThresholds(StrictModel):
     """Thresholds of the validity guards (DESIGN section 9), registered with the plan."""
 
@@ -192,7 +195,7 @@ class GuardThresholds(StrictModel):
         "judged class's TTFT limit; beyond it TTFT measures the path, not the server.",
     )
     prompt_length_tolerance: float = Field(
-        default=0.05, ge=0, le=10,
+        default=PROMPT_LENGTH_TOLERANCE, ge=0, le=10,
         description="Prompt length: the median over a point's requests of |server's "
         "usage.prompt_tokens - the prompt length the workload asked for| / that length may be at "
         "most this (5%: the synthetic words are one token each under the tokenizers they were "
@@ -206,6 +209,15 @@ class GuardThresholds(StrictModel):
         "timeline); beyond, it restarts the timeline and runs slower than its model: a CPU-starved "
         "simulator measures the machine, not the model. Real engines: not checked. At most 3600000.",
     )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_prompt_length(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered: left out at its default, so every earlier plan
+        # keeps its canonical JSON and hash (a plan that sets another tolerance hashes apart).
+        out = handler(self)
+        if isinstance(out, dict) and out.get("prompt_length_tolerance") == PROMPT_LENGTH_TOLERANCE:
+            out.pop("prompt_length_tolerance")
+        return out
 
 
 class SimSettings(StrictModel):

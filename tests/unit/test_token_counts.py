@@ -8,7 +8,7 @@ import pytest
 from orchestrator.analysis.guards import prompt_length
 from orchestrator.loadgen.client import Clock, _StreamState
 from orchestrator.plan.experiment import GuardThresholds
-from orchestrator.plan.loading import validate_plan
+from orchestrator.plan.loading import canonical_json, plan_from_canonical, plan_hash, validate_plan
 from orchestrator.records import RequestRecord
 
 TH = GuardThresholds()
@@ -68,8 +68,13 @@ def test_a_plan_registers_the_tolerance_under_guards() -> None:
 
     import yaml
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml").read_text())
-    data.setdefault("guards", {})["prompt_length_tolerance"] = 0.1
-    assert validate_plan(data).guards.prompt_length_tolerance == 0.1
+    base = plan_hash(validate_plan(data))
+    data.setdefault("guards", {})["prompt_length_tolerance"] = 0.05  # the default: the same plan
+    assert plan_hash(validate_plan(data)) == base
+    data["guards"]["prompt_length_tolerance"] = 0.1
+    plan = validate_plan(data)
+    assert plan.guards.prompt_length_tolerance == 0.1 and plan_hash(plan) != base
+    assert plan_from_canonical(canonical_json(plan)) == plan
 
 
 def _stream(events: list[bytes]) -> RequestRecord:
