@@ -85,17 +85,19 @@ class SearchSettings(StrictModel):
         default=True, description="Start from the simulator's predicted capacity when available."
     )
     early_stop: bool = Field(
-        default=True,
+        default=False,
         description="End a search point early once it is certain to miss the attainment bar for every "
-                    "class (recorded as a failing point, past capacity).",
+                    "class (recorded as a failing point, past capacity). Off by default: the requests "
+                    "in flight at the stop are cancelled, so a fault that shows late in a stream (a "
+                    "stall) can escape its guard on a stopped point.",
     )
 
     @model_serializer(mode="wrap")
     def _omit_default_early_stop(self, handler: SerializerFunctionWrapHandler) -> Any:
         # Added after plans were registered: left out at its default, so every earlier plan
-        # keeps its canonical JSON and hash (a plan that turns it off says so and hashes apart).
+        # keeps its canonical JSON and hash (a plan that turns it on says so and hashes apart).
         out = handler(self)
-        if isinstance(out, dict) and out.get("early_stop") is True:
+        if isinstance(out, dict) and out.get("early_stop") is False:
             out.pop("early_stop")
         return out
 

@@ -173,9 +173,9 @@ def test_the_setting_keeps_earlier_plans_hashes():
     from tests.e2e.helpers import BASE, small_plan
 
     default = small_plan()
-    assert default.search.early_stop is True
+    assert default.search.early_stop is False  # opt-in: a stop cancels streams a stall guard reads
     assert "early_stop" not in canonical_json(default)  # left out at its default: hashes unchanged
-    assert plan_hash(small_plan(search={**BASE["search"], "early_stop": True})) == plan_hash(default)
-    off = small_plan(search={**BASE["search"], "early_stop": False})
-    assert '"early_stop":false' in canonical_json(off) and plan_hash(off) != plan_hash(default)
-    assert plan_from_canonical(canonical_json(off)).search.early_stop is False
+    assert plan_hash(small_plan(search={**BASE["search"], "early_stop": False})) == plan_hash(default)
+    on = small_plan(search={**BASE["search"], "early_stop": True})
+    assert '"early_stop":true' in canonical_json(on) and plan_hash(on) != plan_hash(default)
+    assert plan_from_canonical(canonical_json(on)).search.early_stop is True
