@@ -58,6 +58,6 @@ def test_probe_fit_and_simulate_with_the_profile(tmp_path: Path) -> None:
     assert not any("device profile" in n for n in notes)
     assert any(n.startswith("arm A: device profile") for n in notes_p)
     # A CPU is not an H200: the profile's capacity is below the datasheet's. By how much depends
-    # on what else this machine runs while the probe measures (0.6-0.8x seen; the tiny shape's
-    # steps are mostly fixed per-step cost), so the test asks for a clear change, not a figure.
+    # on what else this machine runs while the probe measures (0.81x in one CI run, under 0.8x in
+    # others), so the test asks for a clear change, not a figure.
     assert measured["capacity_tok_s"] < 0.95 * sheet["capacity_tok_s"], (measured, sheet)
