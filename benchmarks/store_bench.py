@@ -1,7 +1,8 @@
 """Store benchmark: a synthetic history of >= 10 million request rows and 50,000 runs in
-PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of the history queries
-(capacity by comparable group, per GPU, best configuration, trends, and the sizing ranking of
-`orch capacity plan`).
+PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of every history query
+behind `orch capacity` (its filters, --since, --plot's trend), `orch capacity plan` (the
+signature look-up and ranking, its fallback) and `orch capacity --pareto` (the load points), and
+the Store's per-GPU and best-configuration answers.
 
     .venv/bin/python benchmarks/store_bench.py [--requests 10000000] [--runs 50000] [--settings both]
 
@@ -49,6 +50,7 @@ from orchestrator.store.types import utcnow  # noqa: E402
 CLASSES = ("interactive", "standard", "agent")
 MODELS = ("qwen3-8b", "llama-3.1-70b", "qwen3-30b-a3b")
 GPUS = ("H100-PCIe", "H100-SXM", "H200")
+RATES = (2.0, 4.0, 8.0, 16.0, 24.0, 32.0)
 
 
 def point_records(n: int, seed: int) -> list[RequestRecord]:
@@ -133,9 +135,13 @@ def seed_history(store: Store, runs: int, points: int) -> list[int]:
         s.execute(sa.insert(Capacity), [
             dict(run_id=r, class_name=c, capacity=rng.lognormvariate(8, 0.5), at_rate=4.0, attainment=0.92, points_used=6)
             for r in run_ids for c in CLASSES])
+        # six points per run (a search's ladder of rates), each with a throughput and a median
+        # TPOT: what `orch capacity --pareto` reads
         s.execute(sa.insert(LoadPoint), [
-            dict(run_id=run_ids[i % len(run_ids)], seq=i // len(run_ids), offered_rate=16.0, window_start_s=0.0,
-                 window_end_s=120.0, per_class={}, percentiles={}, valid=True, created_at=now)
+            dict(run_id=run_ids[(i // 6) % len(run_ids)], seq=i % 6, offered_rate=RATES[i % 6], window_start_s=0.0,
+                 window_end_s=120.0, per_class={}, throughput_tok_s=RATES[i % 6] * 256 * rng.uniform(0.8, 1.0),
+                 percentiles={"tpot_s": {"p50": 0.008 + 0.002 * (i % 6) + rng.random() * 0.004}},
+                 valid=True, created_at=now)
             for i in range(points)])
         point_ids = s.scalars(sa.select(LoadPoint.id).order_by(LoadPoint.id)).all()
     return list(point_ids)
@@ -206,31 +212,47 @@ SETTINGS = {
 
 
 def history_queries(store: Store) -> dict[str, Callable[[], object]]:
-    """Every history question the CLI asks, including `orch capacity plan`'s ranking."""
+    """Every history question behind `orch capacity` (its filters, --since, --plot's trends),
+    `orch capacity plan` (the signature look-up, the ranking, the fallback when nothing
+    matches) and `orch capacity --pareto` (the load points), and the Store's other history
+    answers (per GPU, best configuration)."""
     from orchestrator.report.history import DEFAULT_GPU_PRICES, size_configurations
 
     some_config = int(store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="agent").iloc[0]["config_id"])
     sig = store.workload_signatures()[0]
 
     def sizing() -> object:
-        frame = store.capacity_by_config(model="qwen3-8b", service_class="interactive", workload=sig["sha256"],
+        """`orch capacity plan --model M --class interactive --workload SIG --rate 40`: the look-up,
+        the history of that model, class, limits and workload (measured), the shapes, the ranking."""
+        found = store.workload_signatures(sig["sha256"][:8])
+        frame = store.capacity_by_config(model="qwen3-8b", service_class="interactive", workload=found[0]["sha256"],
                                          ttft_ms=300.0, tpot_ms=10.0, simulated=False)
         details = store.config_details([int(c) for c in frame["config_id"]])
-        return size_configurations(frame, details, rate=40.0, output_tokens=float(sig["output_tokens"]),
+        return size_configurations(frame, details, rate=40.0, output_tokens=float(found[0]["output_tokens"]),
                                    prices=DEFAULT_GPU_PRICES)
 
     return {
-        "capacity_by_config (no filter)": lambda: store.capacity_by_config(),
-        "capacity_by_config model+gpu+class": lambda: store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="interactive"),
-        "capacity_by_config layout+since 90d": lambda: store.capacity_by_config(layout="disaggregated", since_days=90),
-        "capacity_by_config kv+seqs+class": lambda: store.capacity_by_config(kv_cache_dtype="fp8", max_num_seqs=256, service_class="agent"),
-        "capacity_by_config workload+measured": lambda: store.capacity_by_config(workload=sig["sha256"][:8], simulated=False),
-        "capacity_by_config in/out ranges": lambda: store.capacity_by_config(input_tokens=(2000, 4000), output_tokens=(0, 100)),
-        "capacity_by_config observed engine": lambda: store.capacity_by_config(observed_engine="v0.11.0", service_class="standard"),
+        # orch capacity [filters]
+        "capacity (no filter)": lambda: store.capacity_by_config(),
+        "capacity model+gpu+class": lambda: store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="interactive"),
+        "capacity kv+seqs+class": lambda: store.capacity_by_config(kv_cache_dtype="fp8", max_num_seqs=256, service_class="agent"),
+        "capacity workload+measured": lambda: store.capacity_by_config(workload=sig["sha256"][:8], simulated=False),
+        "capacity in/out ranges": lambda: store.capacity_by_config(input_tokens=(2000, 4000), output_tokens=(0, 100)),
+        "capacity layout --since 90": lambda: store.capacity_by_config(layout="disaggregated", since_days=90),
+        "capacity model+class --since 30": lambda: store.capacity_by_config(model="qwen3-8b", service_class="standard",
+                                                                            since_days=30),
+        "capacity observed engine+class": lambda: store.capacity_by_config(observed_engine="v0.11.0", service_class="standard"),
+        "capacity observed gpu+model": lambda: store.capacity_by_config(observed_gpu="H200", model="llama-3.1-70b"),
+        "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent"),
+        # orch capacity plan
+        "capacity plan ranking (sizing)": sizing,
+        "capacity plan fallback (model+class)": lambda: store.capacity_by_config(model="qwen3-8b", service_class="interactive"),
+        # orch capacity --pareto
+        "capacity --pareto (no filter)": lambda: store.load_points(),
+        "capacity --pareto model+workload": lambda: store.load_points(model="qwen3-8b", workload=sig["sha256"][:8]),
+        # the Store's other history answers
         "capacity_per_gpu class": lambda: store.capacity_per_gpu(service_class="standard"),
         "best_config class+gpu": lambda: store.best_config("interactive", gpu="H100-SXM", top=3),
-        "config_trend config+class": lambda: store.config_trend(some_config, "agent"),
-        "capacity plan ranking (sizing)": sizing,
     }
 
 

@@ -27,6 +27,7 @@ import numpy as np
 from scipy import special
 
 from orchestrator.analysis.balance import abba_orders, order_balance
+from orchestrator.analysis.blocks import BlockRatio, CapacityValue, Censoring
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import (
     CONTAMINATED_SHARE,
@@ -36,9 +37,6 @@ from orchestrator.analysis.stats import (
     SD_FLOOR,
     STUDENT_T,
     BarEvidence,
-    BlockRatio,
-    CapacityValue,
-    Censoring,
     Direction,
     Method,
     judge,
@@ -251,7 +249,8 @@ def drift_false_accepts(blocks: int, sims: int, rng: np.random.Generator, *, dri
     runs second gains it), and ``order_balance``'s warning for that design."""
     orders = abba_orders(blocks)
     kept = [b for b in range(blocks) if b not in dropped]
-    shift = np.array([drift if orders[b][0] == "A" else -drift for b in kept])
+    # The later of the two runs gains the drift: +d per position B runs after A.
+    shift = np.array([drift * (orders[b].index("B") - orders[b].index("A")) for b in kept])
     r = math.log(threshold) + shift + rng.normal(0.0, sigma, (sims, len(kept)))
     rate = float((judge_many(r, threshold, 0.95, method=method) == 1).mean())
     return rate, order_balance(orders, dropped).warning

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orchestrator.analysis.stats import CapacityValue, Censoring
+from orchestrator.analysis.blocks import CapacityValue, Censoring
 
 # Attainment is clipped to [EPS, 1 - EPS] before the logit: 1.0 (all kept) carries no slope.
 _EPS = 0.005

@@ -61,14 +61,14 @@ import numpy as np
 from scipy import special
 from scipy import stats as sps
 
+from orchestrator.analysis.blocks import BlockRatio
+
 Verdict = Literal["ACCEPT", "REJECT", "INCONCLUSIVE"]
 Direction = Literal["at_least", "at_most"]
 DIRECTIONS: tuple[str, ...] = ("at_least", "at_most")
 Method = Literal["robust", "student_t"]
 ROBUST: Method = "robust"
 STUDENT_T: Method = "student_t"
-Censoring = Literal["below_min", "above_max", "at_ceiling"]
-CENSORING: tuple[str, ...] = ("below_min", "above_max", "at_ceiling")
 
 # Measurement resolution: the per-block sd of ln(B/A) is never taken below this (ln units).
 SD_FLOOR = 0.01
@@ -92,114 +92,6 @@ _MC_SEED = 20_260_517
 # Interval-valued blocks are judged at every corner of their box; beyond this many, the bar is
 # INCONCLUSIVE (2^k corners).
 MAX_INTERVAL_BLOCKS = 12
-
-
-# --- inputs ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityValue:
-    """One arm's capacity in one block, with what the search could and could not establish.
-
-    ``value`` is the measured capacity (highest passing goodput; 0 if no rate passed);
-    ``lower``/``upper`` bound the true capacity (``upper`` may be inf). ``censored`` is None or
-    one of ``CENSORING``; ``converged`` is False when the search ran out of points before its
-    bound closed. Only an uncensored, converged value is a point estimate."""
-
-    value: float
-    lower: float | None = None
-    upper: float | None = None
-    censored: Censoring | None = None
-    converged: bool = True
-
-    def __post_init__(self) -> None:
-        if self.censored is not None and self.censored not in CENSORING:
-            raise ValueError(f"censored must be None or one of {', '.join(CENSORING)} (got {self.censored!r})")
-        if math.isnan(self.value) or self.value < 0:
-            raise ValueError(f"a capacity must be a number >= 0 (got {self.value})")
-        if self.censored is None and self.converged and self.value == 0.0:
-            # Zero is only ever the search's "no rate passed": censored below its lowest rate.
-            object.__setattr__(self, "censored", "below_min")
-        lo, hi = self.bounds
-        if not lo <= self.value <= hi:
-            raise ValueError(f"capacity {self.value} lies outside its bounds [{lo}, {hi}]")
-
-    @classmethod
-    def exact(cls, value: float) -> CapacityValue:
-        return cls(float(value))
-
-    @property
-    def is_point(self) -> bool:
-        return self.censored is None and self.converged and self.value > 0
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        """(lowest, highest) the true capacity can be."""
-        if self.is_point:
-            return self.value, self.value
-        lo = self.lower if self.lower is not None else 0.0 if self.censored == "below_min" else self.value
-        hi = self.upper if self.upper is not None else math.inf
-        return lo, hi
-
-    def describe(self) -> str:
-        lo, hi = self.bounds
-        why = {"below_min": "below the search's lowest rate", "above_max": "above the search's highest rate",
-               "at_ceiling": "at the load generator's ceiling"}.get(self.censored or "", "")
-        if not self.converged:
-            why = f"{why}, unconverged" if why else "unconverged (ran out of points)"
-        return f"{why}: in [{lo:.4g}, {hi:.4g}]"
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRatio:
-    """One block's B/A as an interval of ln ratios (a point when both capacities are)."""
-
-    block: int
-    a: CapacityValue
-    b: CapacityValue
-
-    @classmethod
-    def of(cls, block: int, a: float | CapacityValue, b: float | CapacityValue) -> BlockRatio:
-        def cv(x: float | CapacityValue) -> CapacityValue:
-            return x if isinstance(x, CapacityValue) else CapacityValue(float(x))
-
-        return cls(block, cv(a), cv(b))
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        """(lowest, highest) ln(B/A) the capacities allow; (-inf, inf) for 0/0."""
-        alo, ahi = self.a.bounds
-        blo, bhi = self.b.bounds
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lo = _safe_log_ratio(blo, ahi, low=True)
-            hi = _safe_log_ratio(bhi, alo, low=False)
-        return lo, hi
-
-    @property
-    def is_point(self) -> bool:
-        return self.a.is_point and self.b.is_point
-
-    def reason(self) -> str:
-        """Why this block gives no point ratio ('' when it does)."""
-        if self.is_point:
-            return ""
-        if self.a.value == 0.0 and self.b.value == 0.0:
-            return f"block {self.block}: both arms at 0 (no passing rate): no ratio (0/0 is not 1)"
-        parts = [f"{arm} {v.describe()}" for arm, v in (("A", self.a), ("B", self.b)) if not v.is_point]
-        lo, hi = self.interval
-        return f"block {self.block}: " + "; ".join(parts) + f"; B/A in [{math.exp(lo):.4g}, {math.exp(hi):.4g}]"
-
-
-def _safe_log_ratio(num: float, den: float, low: bool) -> float:
-    if num == 0.0 and den == 0.0:
-        return -math.inf if low else math.inf
-    if den == math.inf and num == math.inf:
-        return -math.inf if low else math.inf
-    if num == 0.0 or den == math.inf:
-        return -math.inf
-    if den == 0.0 or num == math.inf:
-        return math.inf
-    return math.log(num / den)
 
 
 # --- the judgement ---------------------------------------------------------------------------
@@ -376,10 +268,12 @@ def judge(
     reject_confidence: float | None = None,
     sd_floor: float = SD_FLOOR,
     method: Method = ROBUST,
+    compare: str = "B/A",
 ) -> Judgement:
     """Judge a bar from per-block log ratios ln(C_B / C_A) or ``BlockRatio``s (see the module
     doc for the rule). ``accept_confidence``/``reject_confidence`` set the level of each test
-    apart (Holm does); both default to ``confidence``.
+    apart (Holm does); both default to ``confidence``. ``compare`` names the ratio in the
+    label (B/A; C/A for a bar of a third arm).
 
     A float infinite log ratio (an arm with zero capacity in a block) makes the bound
     meaningless: the verdict is INCONCLUSIVE with a note. NaN is a bug upstream and raises."""
@@ -401,7 +295,7 @@ def judge(
             verdict, estimate, math.exp(lb), math.exp(ub), n, threshold, confidence, direction, p_acc, sd, note,
             p_reject=p_rej, lower_level=lower_level, upper_level=upper_level, method=method,
             sd_used=max(sd, sd_floor) if math.isfinite(sd) else math.nan, censored=tuple(why), sd_floor=sd_floor,
-        ))
+        ), compare=compare)
 
     def inconclusive(estimate: float, note: str) -> Judgement:
         return make("INCONCLUSIVE", estimate, -math.inf, math.inf, 1.0, 1.0, math.nan, note)
@@ -419,7 +313,9 @@ def judge(
         mid = np.where(points, lo_r, (lo_r + hi_r) / 2)
     estimate = float(np.exp(mid.mean())) if np.isfinite(mid).all() else math.nan
     if n < 2:
-        return inconclusive(estimate, "one block: no decision from a single pair of runs")
+        # A censored or unconverged block's estimate is its interval's midpoint: say so.
+        bound = f"; {len(why)} block(s) censored or unconverged: the estimate is a midpoint" if why else ""
+        return inconclusive(estimate, "one block: no decision from a single pair of runs" + bound)
     open_idx = np.flatnonzero(~points)
     if open_idx.size > MAX_INTERVAL_BLOCKS:
         return inconclusive(estimate, f"{open_idx.size} blocks are censored or unconverged: no bound")
@@ -495,15 +391,15 @@ def _pct(level: float) -> str:
     return f"{100 * level:.4g}%"
 
 
-def _labelled(j: Judgement, holm: str = "") -> Judgement:
-    """Attach the words that say exactly what ``lower``..``upper`` is."""
+def _labelled(j: Judgement, holm: str = "", compare: str = "B/A") -> Judgement:
+    """Attach the words that say exactly what ``lower``..``upper`` is (a ratio ``compare``)."""
     how = ("skew-robust t bound" if j.method == ROBUST else "Student t bound") + f", spread floored at {j.sd_floor:g}"
     if j.lower_level == j.upper_level:
         two = 2 * j.lower_level - 1
-        text = (f"B/A {j.lower:.4g}..{j.upper:.4g}: each end a one-sided {_pct(j.lower_level)} bound "
+        text = (f"{compare} {j.lower:.4g}..{j.upper:.4g}: each end a one-sided {_pct(j.lower_level)} bound "
                 f"(together a {_pct(two)} two-sided interval); {how}")
     else:
-        text = (f"B/A {j.lower:.4g}..{j.upper:.4g}: lower end a one-sided {_pct(j.lower_level)} bound, "
+        text = (f"{compare} {j.lower:.4g}..{j.upper:.4g}: lower end a one-sided {_pct(j.lower_level)} bound, "
                 f"upper end a one-sided {_pct(j.upper_level)} bound; {how}")
     if holm:
         text += f"; {holm}"
@@ -532,12 +428,13 @@ def log_ratios(b_values: Sequence[float], a_values: Sequence[float]) -> np.ndarr
 @dataclass(frozen=True, slots=True)
 class BarEvidence:
     """One bar's input to ``judge_bars``: its per-block log ratios (floats or ``BlockRatio``s)
-    and registered terms."""
+    and registered terms; ``compare`` names the ratio (B/A, C/A, ...)."""
 
     log_ratios: Sequence[float | BlockRatio]
     threshold: float
     confidence: float
     direction: Direction = "at_least"
+    compare: str = "B/A"
 
 
 def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[float], list[bool]]:
@@ -559,14 +456,15 @@ def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[floa
 def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = ROBUST) -> list[Judgement]:
     """Judge every bar of a plan with Holm's step-down correction, for ACCEPT and for REJECT
     apart: a family of m bars makes a false ACCEPT of any of them, and a false REJECT of any of
-    them, each at most 1 - confidence likely.
+    them, each at most 1 - confidence likely. The family is every bar of the plan, whatever
+    pair of arms each compares (B/A, C/A, C/B of a three-arm plan are three bars of one family).
 
     Bars are ranked by their ACCEPT p-value; the k-th (from 0) of m is tested at confidence
     1 - (1 - c) / (m - k), and can ACCEPT only if every bar ranked before it was accepted.
     REJECT is the same over the REJECT p-values. The bounds are at the level each test was
     actually run at (the label says which), so a verdict and its interval always agree."""
-    plain = [judge(b.log_ratios, b.threshold, b.confidence, b.direction, sd_floor=sd_floor, method=method)
-             for b in bars]
+    plain = [judge(b.log_ratios, b.threshold, b.confidence, b.direction, sd_floor=sd_floor, method=method,
+                   compare=b.compare) for b in bars]
     m = len(bars)
     if m <= 1:
         return plain
@@ -579,7 +477,7 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
     for i, b in enumerate(bars):
         j = judge(b.log_ratios, b.threshold, b.confidence, b.direction,
                   accept_confidence=1.0 - acc_level[i], reject_confidence=1.0 - rej_level[i],
-                  sd_floor=sd_floor, method=method)
+                  sd_floor=sd_floor, method=method, compare=b.compare)
         notes = [j.note] if j.note else []
         if j.verdict == "ACCEPT" and not acc_reached[i]:
             j = _replace(j, verdict="INCONCLUSIVE")
@@ -591,5 +489,5 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
                 f"{_pct(1.0 - acc_level[i])} (rank {acc_rank[i]} of {m}), REJECT at "
                 f"{_pct(1.0 - rej_level[i])} (rank {rej_rank[i]} of {m})")
         notes.append(holm)
-        out.append(_labelled(_replace(j, note="; ".join(notes)), holm))
+        out.append(_labelled(_replace(j, note="; ".join(notes)), holm, b.compare))
     return out

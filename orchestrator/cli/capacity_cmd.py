@@ -108,9 +108,10 @@ def capacity(
                                             help="Runs whose fingerprint saw this GPU product (substring)."),
     observed_engine: str | None = typer.Option(None, "--observed-engine",
                                                help="Runs whose fingerprint saw this engine version."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also draw capacity over time per group into this PNG file."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw into this PNG file: capacity over time per "
+                                     "group, or with --pareto every stored point and the front per model and workload."),
     pareto: bool = typer.Option(False, "--pareto", help="Instead: the Pareto front of stored load points per model "
-                                "and workload (throughput per GPU against per-user speed)."),
+                                "and workload (throughput per GPU against per-user speed); --plot draws it."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity over history (valid runs only), one row per comparable group: configuration,
@@ -135,15 +136,15 @@ def capacity(
     }
     from orchestrator.store import Store
 
-    if pareto:
-        if plot is not None or any(filters[k] is not None for k in ("input_tokens", "output_tokens", "backend",
-                                                                      "observed_gpu", "observed_engine")):
-            raise UserError("--pareto takes the configuration filters, --since, --workload and "
-                            "--simulated/--measured (not --plot, token ranges, --backend or --observed-*)")
-        _print_pareto(filters, as_json)
-        return
     if plot is not None and plot.suffix.lower() != ".png":
         raise UserError(f"--plot: {plot} must be a .png file")
+    if pareto:
+        if any(filters[k] is not None for k in ("input_tokens", "output_tokens", "backend",
+                                                "observed_gpu", "observed_engine")):
+            raise UserError("--pareto takes the configuration filters, --since, --workload, "
+                            "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
+        _print_pareto(filters, as_json, plot)
+        return
     with Store.open() as store:
         frame = store.capacity_by_config(**filters)
         drawn = None
@@ -166,7 +167,7 @@ def capacity(
         say(f"capacity over time: {drawn.resolve()}")
 
 
-def _print_pareto(filters: dict[str, Any], as_json: bool) -> None:
+def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None) -> None:
     from orchestrator.report.history import pareto_front
     from orchestrator.store import Store
 
@@ -174,30 +175,52 @@ def _print_pareto(filters: dict[str, Any], as_json: bool) -> None:
             "engine_version", "workload", "simulated")
     chosen = {k: filters[k] for k in keep if filters.get(k) is not None}
     with Store.open() as store:
-        front = pareto_front(store.load_points(**chosen))
+        points = store.load_points(**chosen)
+    front = pareto_front(points)
+    drawn = None
+    if plot is not None and not points.empty:
+        from orchestrator.report.pareto import pareto_figure
+
+        try:
+            drawn = pareto_figure(points, plot)
+        except OSError as e:
+            raise UserError(f"--plot: cannot write {plot}: {e.strerror or e}") from None
+    if drawn is not None and drawn.left_out:
+        warn(f"{drawn.left_out} more model/workload group(s) not drawn (at most {len(drawn.panels)} panels): "
+             "narrow with --model or --workload")
     if as_json:
-        emit_json({"filters": chosen, "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]})
+        doc: dict[str, Any] = {"filters": chosen,
+                               "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]}
+        if plot is not None:
+            doc["plot"] = str(drawn.path.resolve()) if drawn else None
+            doc["plotted_points"] = drawn.points if drawn else 0
+        emit_json(doc)
         return
     if front.empty:
-        say("no valid open-loop load points match these filters")
+        say("no valid open-loop load points match these filters" + ("; no plot drawn" if plot is not None else ""))
         return
     from rich.table import Table
 
     table = Table(title="Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
                   title_justify="left", header_style="bold")
-    for name in ("model", "workload", "source", "configuration", "rate req/s", "tok/s per user", "TPOT p50 ms",
+    for name in ("#", "model", "workload", "source", "configuration", "rate req/s", "tok/s per user", "TPOT p50 ms",
                  "tok/s per GPU"):
         table.add_column(name, no_wrap=name not in ("configuration", "workload"))
     previous = None
-    for r in front.to_dict("records"):
+    # "#": the number beside the point in the plot's panel of its model and workload
+    numbers = front.groupby(["model", "workload_sha256"], sort=False).cumcount() + 1
+    for n, r in zip(numbers, front.to_dict("records"), strict=True):
         key = (r["model"], r["workload_sha256"], r["simulated"])
         if previous is not None and key != previous:
             table.add_section()
         previous = key
-        table.add_row(r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+        table.add_row(str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
                       "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
                       f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
     _console().print(table)
+    if drawn is not None:
+        say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "
+            f"{len(drawn.front)} on the front, numbered: {drawn.path.resolve()}")
 
 
 def _limits(r: Any) -> str:

@@ -17,7 +17,7 @@ from orchestrator.plan import load_plan_file
 @k8s_app.command("render")
 def render(
     file: Path = typer.Argument(..., help="Plan file (YAML)."),
-    arm: str = typer.Option(..., "--arm", help="Arm to render: A or B."),
+    arm: str = typer.Option(..., "--arm", help="Arm to render (A, B, ...)."),
     out: Path = typer.Option(..., "--out", help="Folder to write the YAML files into."),
     block: int = typer.Option(0, "--block", min=0, help="Block number the run would have."),
     attempt: int = typer.Option(0, "--attempt", min=0, help="Attempt number the run would have."),

@@ -30,7 +30,7 @@ def validate(
             problems.extend(lines)
             results.append({"file": str(f), "valid": False, "problems": list(e.problems)})
             continue
-        warnings = plan_warnings(plan) + design_warnings(plan.design)
+        warnings = plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms))
         results.append(
             {"file": str(f), "valid": True, "name": plan.name, "sha256": plan_hash(plan), "warnings": warnings}
         )

@@ -34,8 +34,8 @@ def _outcome_doc(store, out) -> dict:
                        "resumed": out.resumed, "complete": out.complete},
         "verdicts": [_judged_row(o) for o in out.bars],
         "runs": [
-            {"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
-             "valid": r.valid, "reason": r.invalid_reason}
+            {"id": r.id, "block": r.block, "arm": r.arm, "position": r.position, "attempt": r.attempt,
+             "status": r.status, "valid": r.valid, "reason": r.invalid_reason}
             for r in runs
         ],
         "gate_exit_code": out.gate_code,
@@ -147,7 +147,7 @@ def _verdict_lines(v: dict) -> list[str]:
     est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
     cmp_ = ">=" if v["direction"] == "at_least" else "<="
     what = v["metric"] + (f" at {v['rate']:g} req/s" if v.get("rate") is not None else "")
-    lines = [f"  {v['bar']}: {v['verdict']}  B/A {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
+    lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
              f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
     lines.append(f"    interval: {v['label']}")
     used = v.get("blocks_used")
@@ -160,21 +160,21 @@ def _verdict_lines(v: dict) -> list[str]:
     return lines
 
 
-def _fallback_label(lower, upper, confidence: float) -> str:
+def _fallback_label(lower, upper, confidence: float, compare: str = "B/A") -> str:
     """For a verdict stored before its label was (migration 0005): what lower..upper then was."""
     lo = "-" if _num(lower) is None else f"{lower:.4g}"
     hi = "-" if _num(upper) is None else f"{upper:.4g}"
-    return (f"B/A {lo}..{hi}: each end a one-sided {confidence:.0%} bound (together a "
+    return (f"{compare} {lo}..{hi}: each end a one-sided {confidence:.0%} bound (together a "
             f"{2 * confidence - 1:.0%} two-sided interval); stored before labels were")
 
 
 def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: str = "",
                  label: str | None = None, evidence: dict | None = None) -> dict:
-    row = {"bar": bar.id, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
+    row = {"bar": bar.id, "compare": bar.compare, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
            "threshold": bar.threshold, "direction": bar.direction, "verdict": verdict,
            "estimate": _num(estimate), "lower": _num(lower), "upper": _num(upper),
            "confidence": bar.confidence, "blocks": blocks, "note": note or "",
-           "label": label or _fallback_label(lower, upper, bar.confidence),
+           "label": label or _fallback_label(lower, upper, bar.confidence, bar.compare),
            "blocks_used": None, "censored": [], "dropped": []}
     row.update(evidence or {})
     return row
@@ -210,8 +210,8 @@ def _experiment_doc(store, key: str) -> tuple[dict, int]:
                        "status": exp.status, "complete": complete, "resumed": False,
                        "blocks_started": len({r.block for r in runs}), "blocks_planned": plan.design.blocks},
         "verdicts": verdicts,
-        "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt, "status": r.status,
-                  "valid": r.valid, "reason": r.invalid_reason} for r in runs],
+        "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "position": r.position, "attempt": r.attempt,
+                  "status": r.status, "valid": r.valid, "reason": r.invalid_reason} for r in runs],
         "gate_exit_code": code,
     }
     return doc, code
@@ -274,7 +274,7 @@ def status(
                 "id": e.id, "name": e.name, "status": e.status, "plan": plan.name,
                 "created_at": e.created_at.isoformat(),
                 "runs_valid": sum(1 for r in runs if r.valid),
-                "runs_planned": 2 * plan.design.blocks,
+                "runs_planned": len(plan.arms) * plan.design.blocks,
                 "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt,
                           "status": r.status, "valid": r.valid, "reason": r.invalid_reason} for r in runs],
             })

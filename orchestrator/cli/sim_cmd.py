@@ -22,7 +22,7 @@ from orchestrator.sim.server import Faults, ServeConfig, SimServer
 def _cluster_from_plan(plan_file: Path, arm: str, role: str, whole_arm: bool) -> tuple[ClusterSpec, str, int]:
     plan = load_plan_file(plan_file)
     if arm not in plan.arms:
-        raise UserError(f"--arm must be A or B, not {arm!r}")
+        raise UserError(f"--arm must be an arm of the plan ({', '.join(plan.arms)}), not {arm!r}")
     spec = plan.arm(arm)
     cluster = cluster_for_arm(plan.model, spec, plan.router_for(arm), plan.sim)
     name = plan.model.hf_id or plan.model.name
@@ -53,7 +53,7 @@ def serve(
     served_model_name: str = typer.Option(None, "--served-model-name", help="Default: the model's hf_id."),
     seed: int = typer.Option(0, "--seed"),
     plan_file: Path = typer.Option(None, "--plan", help="Configure from a plan's arm instead."),
-    arm: str = typer.Option(None, "--arm", help="A or B (with --plan)."),
+    arm: str = typer.Option(None, "--arm", help="An arm of the plan: A, B, ... (with --plan)."),
     whole_arm: bool = typer.Option(False, "--whole-arm", help="Serve the whole arm in one process."),
     fault_ignore_max_tokens: bool = typer.Option(False, "--fault-ignore-max-tokens"),
     fault_ignore_max_tokens_streaming: bool = typer.Option(
@@ -163,7 +163,7 @@ def simulate(
                 + (f" (censored {p.censored})" if p.censored is not None else ""))
     for b in result.bars:
         j = b.judgement
-        say(f"bar {b.id}: predicted {j.verdict}, B/A {j.estimate:.3f} [{j.lower:.3f}, {j.upper:.3f}] over "
+        say(f"bar {b.id}: predicted {j.verdict}, {b.compare} {j.estimate:.3f} [{j.lower:.3f}, {j.upper:.3f}] over "
             f"{j.n} blocks ({b.direction} {b.threshold:g}); power {b.power:.0%}"
             + (f"; {b.blocks_for_power} blocks for 80% power" if b.blocks_for_power else ""))
     say(f"GPU-hours: {result.gpu_hours:.2f} ("

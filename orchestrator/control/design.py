@@ -2,36 +2,58 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from orchestrator.analysis.balance import order_balance
+from orchestrator.analysis.williams import rows_for, williams_orders
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Design
 
 
-def block_order(design: Design, arms: tuple[str, str] = ("A", "B")) -> list[tuple[int, list[str]]]:
-    """Arms of each block in run order: ABBA alternates who goes first; randomized draws it
-    from the plan's seed (so the order is fixed by the registration, not by the run)."""
-    first, second = arms
+def block_order(design: Design, arms: Sequence[str] = ("A", "B")) -> list[tuple[int, list[str]]]:
+    """Arms of each block in run order, every arm once per block. Two arms: ABBA alternates
+    who goes first; randomized draws it from the plan's seed (so the order is fixed by the
+    registration, not by the run). More arms: ABBA means the counterbalanced order of a
+    Williams design (``analysis.williams``; for two arms it is AB, BA: the same thing), its
+    rows in turn; randomized draws a permutation per block from the plan's seed."""
+    arms = list(arms)
     out: list[tuple[int, list[str]]] = []
     rng = np.random.default_rng(derive_seed(design.seed, "order"))
-    for b in range(design.blocks):
-        if design.order == "ABBA":
-            pair = [first, second] if b % 2 == 0 else [second, first]
-        else:
-            pair = [first, second] if rng.random() < 0.5 else [second, first]
-        out.append((b, pair))
-    return out
+    if len(arms) == 2:  # exactly as before N arms: registered 2-arm designs keep their orders
+        first, second = arms
+        for b in range(design.blocks):
+            if design.order == "ABBA":
+                pair = [first, second] if b % 2 == 0 else [second, first]
+            else:
+                pair = [first, second] if rng.random() < 0.5 else [second, first]
+            out.append((b, pair))
+        return out
+    if design.order == "ABBA":
+        return [(b, list(o)) for b, o in enumerate(williams_orders(arms, design.blocks))]
+    return [(b, [arms[int(i)] for i in rng.permutation(len(arms))]) for b in range(design.blocks)]
 
 
-def design_warnings(design: Design) -> list[str]:
+def design_warnings(design: Design, arms: Sequence[str] = ("A", "B")) -> list[str]:
     """`orch plan validate` and the dry run: ABBA over an odd number of blocks runs one arm
     first more often, so a linear drift in time is not cancelled (analysis.balance.order_balance
-    says by how much)."""
+    says by how much). More arms: a number of blocks that is not a whole Williams design
+    leaves positions and neighbours unequal."""
     if design.order != "ABBA":
         return []
-    balance = order_balance([pair for _, pair in block_order(design)])
-    return [] if balance.balanced else [f"design.blocks: {balance.warning}"]
+    arms = list(arms)
+    if len(arms) == 2:
+        balance = order_balance([pair for _, pair in block_order(design, arms)], arms=(arms[0], arms[1]))
+        return [] if balance.balanced else [f"design.blocks: {balance.warning}"]
+    rows = rows_for(len(arms))
+    if design.blocks % rows == 0:
+        return []
+    whole = rows * max(1, round(design.blocks / rows))
+    return [f"design.blocks: {design.blocks} blocks do not make whole Williams designs of {len(arms)} arms "
+            f"({rows} rows each: every arm at every position, and right after every other arm, equally "
+            f"often), so the order is not balanced against drift and carry-over; use a multiple of "
+            f"{rows} blocks (e.g. {whole})"]
 
 
 def point_seed(base: int, block: int, rate: float, repeat: int = 0, attempt: int = 0) -> int:

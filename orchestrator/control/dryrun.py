@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +36,22 @@ import numpy as np
 from platformdirs import user_cache_dir, user_data_dir
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
-from orchestrator.analysis.power import blocks_needed
 from orchestrator.analysis.search import CapacityResult, CapacitySearch
-from orchestrator.analysis.stats import (
-    BarEvidence,
-    BlockRatio,
-    Judgement,
-    judge_bars,
-)
 from orchestrator.control.design import design_warnings
+
+# The predictions' types and the bars' arithmetic live in control.dry_bars; their names stay
+# importable from here.
+from orchestrator.control.dry_bars import (  # noqa: F401 - re-exported
+    TARGET_POWER,
+    ArmPrediction,
+    BarPrediction,
+    ClassPrediction,
+    _elasticity,
+    _finite,
+    _log_ratio,
+    _ratio,
+    predict_bars,
+)
 from orchestrator.errors import UserError
 from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
 from orchestrator.loadgen.workloads import build_requests
@@ -81,8 +88,6 @@ PRIOR_PRECISION = 0.05
 # Short virtual points near a knee are noisy: one search's rate moved 2x from seed to seed on
 # the e2e two-vs-one plan (2.4 to 6.2 req/s). The prior is the median of a few seeds' searches.
 PRIOR_SEEDS = 3
-# A dry run's power is also reported as the blocks needed for this power.
-TARGET_POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -213,63 +218,6 @@ def _rate_of(res: CapacityResult, plan: Plan) -> float:
 
 
 @dataclass(frozen=True)
-class ClassPrediction:
-    """Predicted capacity of one class at one arm (efficiency 1), and the efficiency curve."""
-
-    capacity_tok_s: float
-    at_rate: float | None
-    attainment: float | None
-    points_used: int
-    converged: bool
-    censored: str | None  # None, below_min, above_max or at_ceiling (CapacityResult's)
-    curve: tuple[tuple[float, float], ...]  # (efficiency, capacity) of the noise grid
-
-    def at(self, efficiency: float) -> float:
-        """Capacity at an efficiency, along the log-log line fitted to the grid."""
-        return _interp_loglog(self.curve, efficiency)
-
-
-@dataclass(frozen=True)
-class ArmPrediction:
-    gpus: int
-    layout: str | None  # the arm's layout (None only for an external arm)
-    classes: dict[str, ClassPrediction]
-    points_per_run: int
-    run_wall_s: float  # one run: deploy + every point
-    fixed_rate: dict[float, tuple[tuple[float, dict[str, tuple[float, float]]], ...]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BarPrediction:
-    id: str
-    service_class: str
-    metric: str
-    direction: str
-    threshold: float
-    confidence: float
-    noise_free_ratio: float
-    judgement: Judgement
-    block_ratios: tuple[float, ...]
-    power: float
-    blocks_for_power: int | None
-    blocks_note: str
-
-    def to_dict(self) -> dict[str, object]:
-        j = self.judgement.to_dict()
-        return {
-            "id": self.id, "class": self.service_class, "metric": self.metric,
-            "direction": self.direction, "threshold": self.threshold, "confidence": self.confidence,
-            "noise_free_ratio": _finite(self.noise_free_ratio),
-            "verdict": j["verdict"], "estimate": j["estimate"], "lower": j["lower"], "upper": j["upper"],
-            "blocks": j["n"], "note": j["note"],
-            "block_ratios": [_finite(r) for r in self.block_ratios],
-            "power": self.power,
-            f"blocks_for_{int(TARGET_POWER * 100)}pct_power": self.blocks_for_power,
-            "blocks_note": self.blocks_note,
-        }
-
-
-@dataclass(frozen=True)
 class DryRunResult:
     """What ``orch plan simulate`` prints."""
 
@@ -330,7 +278,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
                         "so a dry run cannot predict them")
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
-    notes: list[str] = design_warnings(plan.design)  # ABBA over an odd number of blocks
+    notes: list[str] = design_warnings(plan.design, tuple(plan.arms))  # ABBA over an odd number of blocks
     if plan.sim.noise > 0:
         sigma, source = plan.sim.noise, "plan"
     else:
@@ -350,7 +298,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
             notes.append(f"arm {name}: device profile {p.name} ({p.source or 'no source given'})")
     arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates, used[name]) for name in plan.arms}
 
-    bars = _predict_bars(plan, arms, sigma, seed, replications)
+    bars = predict_bars(plan, arms, sigma, seed, replications)
     blocks = plan.design.blocks
     per_arm = {n: a.gpus * a.run_wall_s * blocks / 3600.0 for n, a in arms.items()}
     wall = sum(a.run_wall_s for a in arms.values()) * blocks / 3600.0
@@ -400,114 +348,6 @@ def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Seq
     )
 
 
-def _curve(arm: ArmPrediction, bar) -> tuple[tuple[float, float], ...]:
-    if bar.metric == "capacity":
-        return arm.classes[bar.service_class].curve
-    idx = 0 if bar.metric == "goodput_at" else 1
-    return tuple((e, v[bar.service_class][idx]) for e, v in arm.fixed_rate[bar.rate])
-
-
-def _value(arm: ArmPrediction, bar, efficiency: float) -> float:
-    return _interp_loglog(_curve(arm, bar), efficiency)
-
-
-def _predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed: int,
-                  replications: int) -> list[BarPrediction]:
-    if not plan.bars:
-        return []
-    blocks = plan.design.blocks
-    a, b = arms["A"], arms["B"]
-
-    def design_ratios(rng: np.random.Generator) -> list[list[float | BlockRatio]]:
-        eff = np.exp(rng.normal(0.0, sigma, size=(blocks, 2)))
-        out = []
-        for bar in plan.bars:
-            out.append([_log_ratio(_value(b, bar, eff[k, 1]), _value(a, bar, eff[k, 0]), k) for k in range(blocks)])
-        return out
-
-    def verdicts(ratios: list[list[float | BlockRatio]]) -> list[Judgement]:
-        return judge_bars([BarEvidence(r, bar.threshold, bar.confidence, bar.direction)
-                           for r, bar in zip(ratios, plan.bars, strict=True)])
-
-    predicted_ratios = design_ratios(np.random.default_rng(derive_seed(seed, "dry-run", "blocks")))
-    predicted = verdicts(predicted_ratios)
-    accepts = np.zeros(len(plan.bars))
-    rng = np.random.default_rng(derive_seed(seed, "dry-run", "replications"))
-    for _ in range(replications):
-        for i, j in enumerate(verdicts(design_ratios(rng))):
-            accepts[i] += j.verdict == "ACCEPT"
-
-    out = []
-    for i, bar in enumerate(plan.bars):
-        clean = _log_ratio(_value(b, bar, 1.0), _value(a, bar, 1.0))
-        ratio = _ratio(clean)
-        spread = _spread_of_log_ratio(a, b, bar, sigma)
-        n_needed, note = None, ""
-        try:
-            if isinstance(clean, BlockRatio):
-                raise ValueError(clean.reason().removeprefix("block 0: "))
-            if not spread > 0:
-                raise ValueError("no spread between blocks in the model: power is 0 or 1")
-            n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction)
-        except ValueError as e:
-            note = str(e)
-        out.append(BarPrediction(
-            id=bar.id, service_class=bar.service_class, metric=bar.metric, direction=bar.direction,
-            threshold=bar.threshold, confidence=bar.confidence, noise_free_ratio=ratio,
-            judgement=predicted[i], block_ratios=tuple(_ratio(x) for x in predicted_ratios[i]),
-            power=float(accepts[i] / replications), blocks_for_power=n_needed, blocks_note=note,
-        ))
-    return out
-
-
-def _spread_of_log_ratio(a: ArmPrediction, b: ArmPrediction, bar, sigma: float) -> float:
-    """sd of ln(B/A) per block: each arm's elasticity times sigma (independent draws)."""
-    slopes = [_elasticity(_curve(arm, bar)) for arm in (a, b)]
-    return math.hypot(*slopes) * sigma
-
-
-def _log_ratio(b: float, a: float, block: int = 0) -> float | BlockRatio:
-    """ln(B/A) of one block; both at zero is no ratio at all (0/0 is not 1): a ``BlockRatio``
-    unbounded both ways, which the verdict judges as INCONCLUSIVE and says why."""
-    if a <= 0 and b <= 0:
-        return BlockRatio.of(block, 0.0, 0.0)
-    if a <= 0:
-        return math.inf
-    if b <= 0:
-        return -math.inf
-    return math.log(b / a)
-
-
-def _ratio(x: float | BlockRatio) -> float:
-    """B/A of a block log ratio; NaN for no ratio (0/0)."""
-    return math.nan if isinstance(x, BlockRatio) else math.exp(x)
-
-
-def _elasticity(curve: Sequence[tuple[float, float]]) -> float:
-    """Least-squares slope of ln(value) on ln(efficiency) over the grid (0 if undefined)."""
-    pts = [(math.log(e), math.log(v)) for e, v in curve if v > 0]
-    if len(pts) < 2:
-        return 0.0
-    x = np.array([p[0] for p in pts])
-    y = np.array([p[1] for p in pts])
-    if np.ptp(x) <= 0:
-        return 0.0
-    return float(np.polyfit(x, y, 1)[0])
-
-
-def _interp_loglog(curve: Sequence[tuple[float, float]], x: float) -> float:
-    """The value at efficiency ``x``: the efficiency-1 value moved along the fitted log-log
-    line (one slope for the grid: the search's discreteness would make a piecewise line jump)."""
-    at_one = min(curve, key=lambda p: abs(math.log(p[0])))[1]
-    if at_one <= 0:
-        return 0.0
-    return at_one * x ** _elasticity(curve)
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 # --- the pre-run power check (issue 21) ---------------------------------------------------
 
 # A bar whose predicted power with the plan's blocks is below this is a run that probably
@@ -547,7 +387,7 @@ class PowerCheck:
         parts = []
         for b in self.low:
             cmp_ = ">=" if b["direction"] == "at_least" else "<="
-            est = "B/A " + ("-" if b["estimate"] is None else f"{b['estimate']:.3f}")
+            est = b.get("compare", "B/A") + " " + ("-" if b["estimate"] is None else f"{b['estimate']:.3f}")
             if b["lower"] is not None and b["upper"] is not None:
                 est += f" [{b['lower']:.3f}, {b['upper']:.3f}]"
             need = b[key]

@@ -37,8 +37,9 @@ from orchestrator.control.verdicts import (
 )
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
 from orchestrator.plan import Plan
+from orchestrator.store.integrity import same_plan
 from orchestrator.store.lease import ExperimentLease, LeaseLost
-from orchestrator.store.repository import Store, same_plan
+from orchestrator.store.repository import Store
 from orchestrator.store.retry import DatabaseOutage, ResilientStore, first_line, retrying
 from orchestrator.store.rows import Registration
 
@@ -79,7 +80,7 @@ class ExperimentOutcome:
     registration_id: int
     sha256: str
     bars: list[BarOutcome]
-    complete: bool  # done, and every planned block counts (valid runs of both arms, guards passed)
+    complete: bool  # done, and every planned block counts (valid runs of every arm, guards passed)
     resumed: bool
 
     @property
@@ -179,7 +180,7 @@ class Executor:
             self.progress.note(f"resuming experiment {exp.name} (id {exp_id})")
         else:
             self.progress.note(f"experiment {exp.name} (id {exp_id}), plan sha256 {reg.sha256[:16]}")
-        order = block_order(plan.design)
+        order = block_order(plan.design, tuple(plan.arms))
         if self.config.max_blocks is not None:
             order = order[: self.config.max_blocks]
         self.progress.blocks(len(order))
@@ -278,7 +279,7 @@ class Executor:
             fingerprint = dep.fingerprint  # ready() adds what it observed (nodes, images, versions)
             facts["ready_at"] = time.time()
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
-                                 self.config.generator_ceiling, self.config.max_shards)
+                                 self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
             runner.warm_up(dep, arm, block, attempt)
             if plan.workload.closed is not None:
                 # Closed loop: one point at the plan's N users; no capacity (open loop only).
@@ -422,21 +423,19 @@ class Executor:
         logs.bind(block=block, arm=None, attempt=None)
         runs = [r for r in self.store.runs(exp_id) if r.block == block and r.status == "done" and r.valid]
         by_arm = {r.arm: r for r in runs}
-        if set(by_arm) != {"A", "B"}:
-            return
+        if set(by_arm) != set(plan.arms):
+            return  # every arm of the block must have run (2 or more)
         if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
             return  # judged before (a resumed experiment)
         # What the plan registers as different between the arms (A on H100, B on H200; an
         # engine upgrade gate) is the comparison itself, not a broken back-to-back pairing.
-        a, b = plan.arm("A"), plan.arm("B")
+        arms = [plan.arm(n) for n in plan.arms]
         registered = {
-            "gpu_type": (a.labels.gpu if a.labels else None, b.labels.gpu if b.labels else None)
-            if a.external else (a.gpu, b.gpu),
-            "engine_version": (a.labels.engine_version if a.labels else None,
-                               b.labels.engine_version if b.labels else None)
-            if a.external else (a.engine.version, b.engine.version),
+            "gpu_type": [(a.labels.gpu if a.labels else None) if a.external else a.gpu for a in arms],
+            "engine_version": [(a.labels.engine_version if a.labels else None) if a.external
+                               else a.engine.version for a in arms],
         }
-        differs = {k for k, (x, y) in registered.items() if x != y}
+        differs = {k for k, vals in registered.items() if len(set(vals)) > 1}
         # Other GPU types run on other nodes (pools, drivers); another version is another image.
         masked = ({"gpu_type", "gpu_products", "node_pools", "driver_versions"} if "gpu_type" in differs else set())
         masked |= {"engine_version", "images"} if "engine_version" in differs else set()

@@ -4,6 +4,7 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -19,6 +20,7 @@ from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.saturation import EarlyStop, SaturationWatch
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
+from orchestrator.control.progress import AttainmentTally, ProgressSink
 from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
 from orchestrator.errors import PermanentError, TransientError
@@ -223,17 +225,35 @@ def _flush_within(sink: SpoolingSink, budget_s: float) -> bool:
     return flushed
 
 
+def watched(sink: Callable[[list[RequestRecord]], None], progress: ProgressSink | None,
+            tally: AttainmentTally) -> Callable[[list[RequestRecord]], None]:
+    """``sink`` (the point's store sink), teed: each batch the load generator hands over (every
+    ``flush_s``, in its sink thread; from the driver for Ray shards) is counted for the live
+    display first (in memory), then stored. Sync, as shards need."""
+    if progress is None:
+        return sink
+
+    def tee(batch: list[RequestRecord]) -> None:
+        with contextlib.suppress(Exception):  # the display must never cost the point its records
+            progress.point_progress(tally.add(batch))
+        sink(batch)
+
+    return tee
+
+
 class PointRunner:
-    """Measures load points of one run and stores everything as it goes."""
+    """Measures load points of one run and stores everything as it goes. ``progress``: told the
+    running point's attainment so far as its requests end (the live display)."""
 
     def __init__(self, store, backend: Backend, plan: Plan, spool_dir: Path, generator_ceiling: float | None,
-                 max_shards: int = 1):
+                 max_shards: int = 1, progress: ProgressSink | None = None):
         self.store = store
         self.backend = backend
         self.plan = plan
         self.spool_dir = spool_dir
         self.ceiling = generator_ceiling
         self.max_shards = max(1, max_shards)
+        self.progress = progress
         # Prompt blocks this run's servers were sent (warm-up, earlier points): a data file's
         # shared parts stay in their caches from point to point, so its bound counts them.
         self.seen_blocks: set[int] = set()
@@ -307,13 +327,17 @@ class PointRunner:
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
         shards = self.shards_for(rate)
-        kwargs: dict[str, Any] = dict(api=plan.workload.api, sink=sink, request_timeout_s=duration + drain_seconds(plan),
+        live = watched(sink, self.progress, AttainmentTally(plan.classes, sum(1 for p in phases if p == "measure")))
+        kwargs: dict[str, Any] = dict(api=plan.workload.api, sink=live, request_timeout_s=duration + drain_seconds(plan),
                                       deadline_s=duration + drain_seconds(plan), keep_records=True,
                                       headers=dict(dep.endpoint.headers))
         stops: list[EarlyStop] = []
         if s.early_stop and search_class is not None and shards == 1 and len(offsets):
             # Search points only (a bar's fixed-rate point is measured whole), one process only.
             kwargs["stop_when"] = self._stop_check(offsets, phases, stops)
+            # In-flight requests end as they would at the point's end (the guards judge their
+            # streams: cancelling them hid a stalling server); only the unsent rest is saved.
+            kwargs["stop_drain_s"] = drain_seconds(plan)
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
             if shards > 1:
                 summary = _run_sharded(dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
@@ -373,7 +397,8 @@ class PointRunner:
             summary = asyncio.run(run_sessions(
                 dep.endpoint.url, dep.endpoint.model, plan.workload, starts, seed=seed,
                 duration_s=duration, warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
-                sink=sink, request_timeout_s=duration + drain_seconds(plan),
+                sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
+                request_timeout_s=duration + drain_seconds(plan),
                 deadline_s=duration + drain_seconds(plan), keep_records=True,
                 headers=dict(dep.endpoint.headers), sent=sent,
             ))
@@ -407,7 +432,8 @@ class PointRunner:
                 dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
                 users=closed.users,
                 think_s=closed.think_s, ramp_up_s=closed.ramp_up_s, duration_s=duration,
-                warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api, sink=sink,
+                warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
+                sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
                 request_timeout_s=drain_seconds(plan) + duration, deadline_s=duration + drain_seconds(plan),
                 keep_records=True, headers=dict(dep.endpoint.headers),
             ))

@@ -8,8 +8,9 @@ clean), above the live display when it is shown.
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -19,9 +20,62 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator import logs
+from orchestrator.analysis.metrics import miss_cause
 from orchestrator.control.eta import Estimate, estimate, format_duration, point_seconds
+from orchestrator.plan import ServiceClass
+from orchestrator.records import RequestRecord
 
 log = logs.get_logger("orchestrator.progress")
+
+
+@dataclass(frozen=True, slots=True)
+class SoFar:
+    """A running point's measure window so far: requests ended (finished, failed or cancelled:
+    every record the load generator has handed over), of ``scheduled`` (None when a closed loop
+    or live sessions do not know it ahead), and per class how many of them kept it."""
+
+    ended: int
+    scheduled: int | None
+    kept: tuple[tuple[str, int], ...]
+
+    def attainment(self, name: str) -> float | None:
+        """Kept / ended so far (None before any request of the window has ended). The point's
+        own attainment divides by every scheduled request: requests still in flight at the end
+        count as misses there, so this can only be read as "so far"."""
+        k = dict(self.kept).get(name)
+        return None if k is None or self.ended == 0 else k / self.ended
+
+    def text(self) -> str:
+        """``window so far: 412/900 ended | attainment interactive 0.97, batch 1.00``."""
+        of = f"/{self.scheduled}" if self.scheduled is not None else ""
+        head = f"window so far: {self.ended}{of} ended"
+        if not self.ended:
+            return head
+        return head + " | attainment " + ", ".join(f"{name} {k / self.ended:.2f}" for name, k in self.kept)
+
+
+class AttainmentTally:
+    """Counts a point's measure-window records as the load generator hands them over (its sink
+    thread adds, the display's thread reads the frozen ``SoFar``): the same keep rule as the
+    point's metrics (analysis.metrics.miss_cause)."""
+
+    def __init__(self, classes: Sequence[ServiceClass], scheduled: int | None = None):
+        self.classes = tuple(classes)
+        self.scheduled = scheduled
+        self.ended = 0
+        self.kept = dict.fromkeys((c.name for c in self.classes), 0)
+        self._lock = threading.Lock()
+
+    def add(self, records: Iterable[RequestRecord]) -> SoFar:
+        with self._lock:
+            for r in records:
+                if r.phase != "measure":
+                    continue
+                self.ended += 1
+                for c in self.classes:
+                    if miss_cause(r, c) is None:
+                        self.kept[c.name] += 1
+            return SoFar(self.ended, self.scheduled, tuple(self.kept.items()))
 
 
 class ProgressSink(Protocol):
@@ -29,6 +83,7 @@ class ProgressSink(Protocol):
     def schedule(self, total_runs: int, done_runs: int, point_s: float, max_points: int) -> None: ...
     def run_started(self, block: int, arm: str, attempt: int) -> None: ...
     def point_started(self, label: str, seconds: float) -> None: ...
+    def point_progress(self, so_far: SoFar) -> None: ...
     def point_done(self, line: str) -> None: ...
     def run_done(self, line: str) -> None: ...
     def block_done(self) -> None: ...
@@ -57,6 +112,10 @@ class PlainProgress:
     def point_started(self, label: str, seconds: float) -> None:
         self._say(f"  point {label} ({seconds:.0f}s)")
 
+    def point_progress(self, so_far: SoFar) -> None:
+        """The running point's attainment so far: no line (one line per point stays the rule
+        off a terminal)."""
+
     def point_done(self, line: str) -> None:
         self._say(f"    {line}")
 
@@ -74,10 +133,11 @@ class PlainProgress:
 
 
 class RichProgress(PlainProgress):
-    """A live two-line display on stderr, event lines printed above it:
+    """A live display on stderr (up to three lines), event lines printed above it:
 
     ``runs 3/8 done, ETA 42m10s | block 2 arm B (attempt 2), 7m12s in this run``
     ``point 1.5 req/s: 63/155s [#####.....] | last: 1.2 req/s: attainment interactive 0.95``
+    ``window so far: 412/900 ended | attainment interactive 0.97`` (as the point's requests end)
 
     The ETA (``control.eta``) starts from the plan (deploy estimate + max_points points per run)
     and follows the mean duration of this process's valid runs once there are some.
@@ -96,6 +156,7 @@ class RichProgress(PlainProgress):
         self.current: tuple[int, str, int] | None = None  # block, arm, attempt
         self.run_t0 = 0.0
         self.point: tuple[str, float, float] | None = None  # label, seconds, started
+        self.so_far: SoFar | None = None  # the running point's window so far
         self.last_point = ""
         self.live = Live(self, console=self.console, transient=True, refresh_per_second=2,
                          redirect_stderr=True)
@@ -115,11 +176,17 @@ class RichProgress(PlainProgress):
     def point_started(self, label: str, seconds: float) -> None:
         super().point_started(label, seconds)
         self.point = (label, seconds, self.clock())
+        self.so_far = None
+
+    def point_progress(self, so_far: SoFar) -> None:
+        if self.point is not None:  # a late batch of an ended point is not the next one's
+            self.so_far = so_far
 
     def point_done(self, line: str) -> None:
         super().point_done(line)
         self.last_point = line.strip()
         self.point = None
+        self.so_far = None
 
     def run_done(self, line: str) -> None:
         super().run_done(line)
@@ -130,6 +197,7 @@ class RichProgress(PlainProgress):
                 self.finished_s.append(self.clock() - self.run_t0)
         self.current = None
         self.point = None
+        self.so_far = None
 
     def estimate(self) -> Estimate:
         now = self.clock()
@@ -143,10 +211,10 @@ class RichProgress(PlainProgress):
         )
 
     def lines(self) -> list[str]:
-        """What the display shows now (two lines at most)."""
+        """What the display shows now (three lines at most)."""
         now = self.clock()
         est = self.estimate()
-        point, current = self.point, self.current
+        point, current, so_far = self.point, self.current, self.so_far
         head = f"runs {est.done_runs}/{est.total_runs} done, ETA {format_duration(est.remaining_s)}"
         if current is not None:
             block, arm, attempt = current
@@ -158,6 +226,8 @@ class RichProgress(PlainProgress):
             done = max(0.0, min(now - t0, seconds))
             out.append(f"point {label}: {done:.0f}/{seconds:.0f}s {_bar(done / seconds if seconds else 1.0)}"
                        + (f" | last: {self.last_point}" if self.last_point else ""))
+            if so_far is not None:
+                out.append(so_far.text())
         elif current is not None:
             out.append("deploying" if not self.last_point else f"last: {self.last_point}")
         return out

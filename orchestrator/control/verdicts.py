@@ -1,4 +1,8 @@
-"""From stored capacities to bar verdicts: per-block log ratios over valid blocks only."""
+"""From stored capacities to bar verdicts: per-block log ratios over valid blocks only.
+
+Each bar compares its own pair of arms (``Bar.compare``: B/A, or C/A in a plan of three arms):
+its per-block ratio is taken between the two runs of that pair in the same block, and every
+bar of the plan is one family for Holm's correction (``analysis.stats.judge_bars``)."""
 
 from __future__ import annotations
 
@@ -7,13 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.analysis.balance import order_balance
-from orchestrator.analysis.stats import (
-    BarEvidence,
-    BlockRatio,
-    CapacityValue,
-    Judgement,
-    judge_bars,
-)
+from orchestrator.analysis.blocks import BlockRatio, CapacityValue, block_log_ratio
+from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
 from orchestrator.control.design import block_order
 from orchestrator.plan import Bar, Plan
 
@@ -25,7 +24,7 @@ class BarOutcome:
     bar: Bar
     judgement: Judgement
     blocks: list[int]  # the blocks the verdict rests on
-    values: dict[int, tuple[float, float]]  # block -> (A, B)
+    values: dict[int, tuple[float, float]]  # block -> (denominator, numerator): (A, B) for B/A
     dropped: dict[int, str] = field(default_factory=dict)  # planned block it cannot use -> why
     censored: dict[int, str] = field(default_factory=dict)  # used block judged as an interval -> why
 
@@ -35,6 +34,7 @@ class BarOutcome:
         each end of the interval was computed (``label`` says it in words)."""
         j = self.judgement
         return {
+            "compare": self.bar.compare,
             "blocks_used": list(self.blocks),
             "censored": [{"block": b, "why": w} for b, w in sorted(self.censored.items())],
             "dropped": [{"block": b, "why": w} for b, w in sorted(self.dropped.items())],
@@ -60,17 +60,25 @@ def valid_runs(store, experiment_id: int) -> dict[tuple[int, str], int]:
 
 
 def bar_values(store, experiment_id: int, bar: Bar, runs: dict[tuple[int, str], int]) -> dict[int, tuple[float, float]]:
-    """Per block with both arms valid: (value of A, value of B) of the bar's metric."""
+    """Per block with both arms of the bar's pair valid: (value of the denominator, value of the
+    numerator) of the bar's metric: (A, B) for B/A, (A, C) for C/A."""
     blocks = sorted({b for b, _ in runs})
     out: dict[int, tuple[float, float]] = {}
     caps = store.capacities(experiment_id) if bar.metric == "capacity" else None
+    pair = _den_num(bar)
     for b in blocks:
-        if (b, "A") not in runs or (b, "B") not in runs:
+        if any((b, arm) not in runs for arm in pair):
             continue
-        vals = [_value(store, caps, runs[(b, arm)], bar) for arm in ("A", "B")]
+        vals = [_value(store, caps, runs[(b, arm)], bar) for arm in pair]
         if all(math.isfinite(v) for v in vals):
             out[b] = (vals[0], vals[1])
     return out
+
+
+def _den_num(bar: Bar) -> tuple[str, str]:
+    """The bar's arms as (denominator, numerator): ("A", "B") for B/A."""
+    num, den = bar.pair
+    return den, num
 
 
 def _value(store, caps, run_id: int, bar: Bar) -> float:
@@ -82,7 +90,7 @@ def _value(store, caps, run_id: int, bar: Bar) -> float:
 
 def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
                    used: set[int] | dict[int, Any]) -> dict[int, str]:
-    """Each planned block a bar's verdict cannot use, with why: an arm not run yet, an arm
+    """Each planned block a bar's verdict cannot use, with why (of the bar's two arms): an arm not run yet, an arm
     without a valid run (its last attempt's reason), a failed run-level guard (back to back),
     or a valid run without the bar's figure."""
     all_runs = store.runs(experiment_id)
@@ -92,7 +100,7 @@ def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[t
         if b in used:
             continue
         why: list[str] = []
-        for arm in ("A", "B"):
+        for arm in _den_num(bar):
             mine = [r for r in all_runs if r.block == b and r.arm == arm]
             if not mine:
                 why.append(f"arm {arm} not run yet")
@@ -147,21 +155,18 @@ def _capacity_value(caps, run_id: int, bar: Bar, value: float) -> CapacityValue:
 
 
 def _block_ratio(block: int, a: float, b: float, caps=None, runs=None, bar: Bar | None = None) -> float | BlockRatio:
-    """A block's ln(B/A), or its interval when a capacity is censored; 0/0 is no ratio, not 1."""
+    """A block's ln(B/A) (or of the bar's pair), or its interval when a capacity is censored;
+    0/0 is no ratio, not 1."""
     if caps is not None and runs is not None and bar is not None:
-        return BlockRatio(block, _capacity_value(caps, runs[(block, "A")], bar, a),
-                          _capacity_value(caps, runs[(block, "B")], bar, b))
-    if a <= 0 and b <= 0:
-        return BlockRatio.of(block, 0.0, 0.0)
-    if a <= 0:
-        return math.inf
-    if b <= 0:
-        return -math.inf
-    return math.log(b / a)
+        den, num = _den_num(bar)
+        return BlockRatio(block, _capacity_value(caps, runs[(block, den)], bar, a),
+                          _capacity_value(caps, runs[(block, num)], bar, b), (den, num))
+    return block_log_ratio(b, a, block)
 
 
 def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
-    """Judge every bar of the plan over the experiment's valid blocks (Holm across bars)."""
+    """Judge every bar of the plan over the experiment's valid blocks (Holm across all bars,
+    whatever pair each compares)."""
     if not plan.bars:
         return []
     runs = valid_runs(store, experiment_id)
@@ -169,14 +174,14 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
     caps = store.capacities(experiment_id) if any(bar.metric == "capacity" for bar in plan.bars) else None
     evidence = [
         BarEvidence([_block_ratio(blk, a, b, *((caps, runs, bar) if bar.metric == "capacity" else ()))
-                     for blk, (a, b) in v.items()], bar.threshold, bar.confidence, bar.direction)
+                     for blk, (a, b) in v.items()], bar.threshold, bar.confidence, bar.direction, bar.compare)
         for bar, v in zip(plan.bars, values, strict=True)
     ]
     judgements = judge_bars(evidence)
-    orders = [pair for _, pair in block_order(plan.design)]
+    orders = [arms for _, arms in block_order(plan.design, tuple(plan.arms))]
     out = []
     for bar, j, v, ev in zip(plan.bars, judgements, values, evidence, strict=True):
-        balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v])
+        balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v], _den_num(bar))
         if plan.design.order == "ABBA" and not balance.balanced and v:
             j = replace(j, note=f"{j.note}; {balance.warning}" if j.note else balance.warning)
         censored = {r.block: r.reason().removeprefix(f"block {r.block}: ")
@@ -188,7 +193,7 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
 
 def experiment_complete(store, experiment_id: int, plan: Plan) -> bool:
     """The one definition of "complete" for `orch run` and `orch verdict --gate`: the
-    experiment is done and every planned block counts (valid runs of both arms whose
+    experiment is done and every planned block counts (valid runs of every arm whose
     run-level guards, back-to-back included, passed)."""
     if store.get_experiment(experiment_id).status != "done":
         return False

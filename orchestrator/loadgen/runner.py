@@ -269,6 +269,7 @@ async def run_point(
     headers: Mapping[str, str] | None = None,
     stop_when: StopCheck | None = None,
     check_every_s: float = 0.25,
+    stop_drain_s: float = 0.0,
 ) -> PointSummary:
     """Send ``requests[i]`` at ``start + offsets[i]`` (open loop) and record each one.
 
@@ -279,8 +280,10 @@ async def run_point(
 
     ``stop_when(records, now)`` (wall clock), asked every ``check_every_s`` while requests are
     still to be sent: when it says True the point stops early: nothing more is sent (the rest
-    recorded ``unsent``), requests in flight are cancelled (recorded ``cancelled``), and
-    ``summary.extra["stopped_at"]`` holds the wall-clock time of the stop.
+    recorded ``unsent``), requests in flight get ``stop_drain_s`` more to end (within the
+    point's deadline) and are then cancelled (recorded ``cancelled``), and
+    ``summary.extra["stopped_at"]`` holds the wall-clock time of the stop. Letting them end is
+    what keeps a stop honest: a stalling server's gaps show only in streams that run on.
     """
     check_lengths(requests, offsets, phases)
     offs = np.asarray(offsets, dtype=np.float64)
@@ -325,7 +328,7 @@ async def run_point(
         for rec in records[i:]:  # never sent before the deadline (or the stop): recorded, not dropped
             rec.error = why
             batcher.add(rec)
-        await point.drain(time.perf_counter() if stopped.is_set() else deadline)
+        await point.drain(min(deadline, time.perf_counter() + stop_drain_s) if stopped.is_set() else deadline)
     finally:
         await batcher.close()
         await transport.close()

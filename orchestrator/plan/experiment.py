@@ -1,7 +1,9 @@
-"""The experiment plan: two arms, a workload, service classes, search, design, bars, guards."""
+"""The experiment plan: arms (A and B, or up to 8), a workload, service classes, search, design,
+bars, guards."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -52,6 +54,21 @@ ClassRef = Annotated[
     ServiceClass, BeforeValidator(_resolve_class, json_schema_input_type=ClassName | ServiceClass)
 ]
 Backend = Literal["sim", "local", "kubernetes", "external"]
+
+# Arms are named by consecutive capital letters from A (A conventionally the baseline); two
+# arms (A and B) is the simple case, every arm runs once in every block.
+ARM_NAMES = "ABCDEFGH"
+MAX_ARMS = len(ARM_NAMES)
+COMPARE_PATTERN = f"^[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]/[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]$"
+
+
+def arm_names_problem(names: Any) -> str | None:
+    """Why a set of arm names is not A, B, ... in order (2 to 8 of them); None when it is."""
+    got = sorted(str(n) for n in names)
+    if 2 <= len(got) <= MAX_ARMS and got == list(ARM_NAMES[: len(got)]):
+        return None
+    return (f"arms must be named by consecutive letters from A: A and B, or A, B, C, ... up to "
+            f"{ARM_NAMES[-1]} (2 to {MAX_ARMS} arms); got {', '.join(got) or 'none'}")
 
 
 class RateRange(StrictModel):
@@ -107,7 +124,9 @@ class Design(StrictModel):
 
     blocks: int = Field(default=4, ge=1, le=100, description="Blocks; a bar needs at least 2 (at most 100).")
     order: Literal["ABBA", "randomized"] = Field(
-        default="ABBA", description="ABBA alternates which arm goes first; randomized draws it."
+        default="ABBA",
+        description="ABBA alternates which arm goes first (more than two arms: a Williams order, every "
+                    "arm at every position and right after every other equally often); randomized draws it.",
     )
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of every random draw of the experiment (at most 2^63-1).")
     max_retries: int = Field(
@@ -119,7 +138,8 @@ class Design(StrictModel):
 
 
 class Bar(StrictModel):
-    """An acceptance bar, registered before any run: B/A of a metric against a threshold."""
+    """An acceptance bar, registered before any run: the ratio of a metric between two arms
+    (``compare``: B/A by default, e.g. C/A in a plan of three arms) against a threshold."""
 
     model_config = StrictModel.model_config | {"populate_by_name": True}
 
@@ -128,7 +148,11 @@ class Bar(StrictModel):
         default="capacity", description="What is compared."
     )
     service_class: str = Field(alias="class", description="Service class the metric is taken at.")
-    compare: Literal["B/A"] = Field(default="B/A", description="Ratio compared with the threshold.")
+    compare: str = Field(
+        default="B/A", json_schema_extra={"pattern": COMPARE_PATTERN},
+        description="Ratio compared with the threshold: arm over arm, e.g. B/A (the default) or C/A; "
+                    "both arms of the plan, not the same one.",
+    )
     at_least: float | None = Field(default=None, gt=0, le=1000, description="Accept if the ratio is at least this (at most 1000).")
     at_most: float | None = Field(default=None, gt=0, le=1000, description="Accept if the ratio is at most this (at most 1000).")
     confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
@@ -137,6 +161,14 @@ class Bar(StrictModel):
         description="goodput_at / attainment_at: offered rate, requests/s (at most 100000); open "
         "loop only: a closed-loop plan is judged at its N users.",
     )
+
+    @field_validator("compare")
+    @classmethod
+    def _two_arm_names(cls, v: str) -> str:
+        if not re.fullmatch(COMPARE_PATTERN, v):
+            raise ValueError(f"compare names two arms as numerator/denominator, e.g. B/A or C/A (arms A to "
+                             f"{ARM_NAMES[-1]}); got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _one_threshold(self) -> Bar:
@@ -150,13 +182,19 @@ class Bar(StrictModel):
         return self
 
     @property
+    def pair(self) -> tuple[str, str]:
+        """(numerator, denominator) arms of the compared ratio: ("B", "A") for B/A."""
+        num, den = self.compare.split("/")
+        return num, den
+
+    @property
     def threshold(self) -> float:
-        """The registered threshold on the B/A ratio."""
+        """The registered threshold on the ratio (``compare``, B/A by default)."""
         return self.at_least if self.at_least is not None else float(self.at_most or 0)
 
     @property
     def direction(self) -> Literal["at_least", "at_most"]:
-        """``at_least`` (B must be this much better) or ``at_most`` (regression gate)."""
+        """``at_least`` (the numerator must be this much better) or ``at_most`` (regression gate)."""
         return "at_least" if self.at_least is not None else "at_most"
 
 
@@ -242,7 +280,10 @@ class Plan(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="Experiment name.")
     hypothesis: str = Field(default="", description="What the experiment is meant to show, in words.")
     model: ModelRef = Field(description="Catalog name (e.g. qwen3-8b) or a full model spec.")
-    arms: dict[str, Arm] = Field(description="The two arms, named A and B.")
+    arms: dict[str, Arm] = Field(
+        description="The arms: A and B, or more named by consecutive letters (A, B, C, ... up to H); "
+                    "every block runs each arm once."
+    )
     router: RouterConfig = Field(
         default_factory=RouterConfig, description="Router of every arm that sets none."
     )
@@ -266,9 +307,10 @@ class Plan(StrictModel):
 
     @field_validator("arms")
     @classmethod
-    def _a_and_b(cls, v: dict[str, Arm]) -> dict[str, Arm]:
-        if set(v) != {"A", "B"}:
-            raise ValueError(f"arms must be exactly A and B; got {', '.join(sorted(v)) or 'none'}")
+    def _named_a_b_c(cls, v: dict[str, Arm]) -> dict[str, Arm]:
+        problem = arm_names_problem(v)
+        if problem:
+            raise ValueError(problem)
         return dict(sorted(v.items()))
 
     @model_validator(mode="after")
@@ -282,7 +324,7 @@ class Plan(StrictModel):
         return self
 
     def arm(self, name: str) -> Arm:
-        """Arm ``A`` or ``B``."""
+        """An arm by name (``A``, ``B``, ...)."""
         return self.arms[name]
 
     def router_for(self, name: str) -> RouterConfig:
@@ -343,6 +385,17 @@ def cross_check(
                 )
             if workload is not None:
                 problems.extend(_bar_fits_loop(i, bar, workload))
+            num, den = bar.pair
+            if num == den:  # here, not in Bar: reported with the other bars' compare problems
+                problems.append(Problem(f"bars.{i}.compare",
+                                        f"compare {bar.compare} is an arm against itself: name two arms, e.g. B/A"))
+            elif arms is not None:
+                missing = [a for a in dict.fromkeys(bar.pair) if a not in arms]
+                if missing:
+                    problems.append(Problem(
+                        f"bars.{i}.compare",
+                        f"compare {bar.compare}: the plan has no arm {' or '.join(missing)} "
+                        f"(arms: {', '.join(sorted(arms))})"))
     if model is not None and arms is not None:
         for name, arm in arms.items():
             if not arm.external:
@@ -390,9 +443,12 @@ def _external_warnings(plan: Plan) -> list[str]:
         "(give labels.gpu, labels.layout, labels.replicas, labels.engine_version)"
         for n, a in external.items() if a.labels is None or a.labels.gpu is None
     ]
-    eps = {(a.endpoint.url, a.endpoint.model) for a in external.values() if a.endpoint is not None}
-    if len(external) == 2 and len(eps) == 1:
-        out.append("arms: A and B send load to the same endpoint and model: an A/A comparison")
+    same: dict[tuple[str, str], list[str]] = {}
+    for n, a in external.items():
+        if a.endpoint is not None:
+            same.setdefault((a.endpoint.url, a.endpoint.model), []).append(n)
+    out.extend(f"arms: {' and '.join(names)} send load to the same endpoint and model: an A/A comparison"
+               for names in same.values() if len(names) > 1)
     return out
 
 
@@ -439,6 +495,10 @@ def plan_warnings(plan: Plan) -> list[str]:
                     f"context ({ctx:.0f} tokens), fewer than max_num_seqs={arm.engine.max_num_seqs}; "
                     "the engine will queue or preempt"
                 )
+    if plan.bars and len(plan.arms) > 2:
+        compared = {a for bar in plan.bars for a in bar.pair}
+        out.extend(f"arms.{n}: no bar compares it; it is run in every block but judged by none"
+                   for n in plan.arms if n not in compared)
     if plan.bars and plan.design.blocks < 2:
         out.append("design.blocks: a bar is judged over blocks; with fewer than 2 it stays INCONCLUSIVE")
     return out

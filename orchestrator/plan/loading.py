@@ -15,7 +15,7 @@ from yaml.composer import ComposerError
 
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
-from orchestrator.plan.experiment import SECTION_TYPES, Plan, cross_check
+from orchestrator.plan.experiment import SECTION_TYPES, Plan, arm_names_problem, cross_check
 
 SCHEMA_VERSION = 1
 
@@ -81,7 +81,7 @@ def _parse(text: str) -> tuple[Any, yaml.Node | None]:
         if root is not None:
             dupes = _duplicate_keys(root)
             if dupes:
-                raise PlanError(dupes)
+                raise PlanError([_printable(d) for d in dupes])
         data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -155,7 +155,15 @@ def validate_plan(data: dict[str, Any], lines: dict[tuple[str, ...], int] | None
         removed.extend(cut)
         _plan, more, bad = _check(current)
         problems.extend(p for p in more if not _under_any(p.path, removed))
-    raise PlanError(_dedupe([_with_line(p, lines) for p in problems])[:MAX_PROBLEMS]) from None
+    raise PlanError(_dedupe([_printable(_with_line(p, lines)) for p in problems])[:MAX_PROBLEMS]) from None
+
+
+def _printable(p: Problem) -> Problem:
+    """A field path on one line: a key holding a newline or another control character (a
+    mangled plan may have one) is shown escaped, so a problem stays one line."""
+    if p.path.isprintable():
+        return p
+    return Problem(p.path.encode("unicode_escape").decode("ascii"), p.message, p.line)
 
 
 def _check(data: dict[str, Any]) -> tuple[Plan | None, list[Problem], list[tuple[str, ...]]]:
@@ -246,7 +254,7 @@ def _partial_cross_checks(data: dict[str, Any]) -> list[Problem]:
             sections[name] = TypeAdapter(typ).validate_python(data[name])
         except (ValidationError, PlanError):
             sections[name] = None
-    if isinstance(sections.get("arms"), dict) and set(sections["arms"]) != {"A", "B"}:
+    if isinstance(sections.get("arms"), dict) and arm_names_problem(sections["arms"]):
         sections["arms"] = None
     return cross_check(**sections)
 

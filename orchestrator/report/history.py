@@ -189,21 +189,27 @@ PARETO_COLUMNS = ("model", "workload", "workload_sha256", "simulated", "label", 
                   "per_user_tok_s", "tok_s_per_gpu", "tpot_p50_ms", "run_id")
 
 
+def pareto_axes(points: pd.DataFrame) -> pd.DataFrame:
+    """``points`` (store.load_points rows) with the front's two axes and the median TPOT in ms:
+    per-user speed = 1 / median TPOT (tok/s), throughput per GPU = output tok/s / GPUs."""
+    return points.assign(per_user_tok_s=1.0 / points["tpot_p50_s"],
+                         tok_s_per_gpu=points["throughput_tok_s"] / points["gpus"],
+                         tpot_p50_ms=points["tpot_p50_s"] * 1000)
+
+
 def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     """Per model, workload and source (simulated or measured, never mixed), the stored load
     points no other point beats on both throughput per GPU (output tok/s / GPUs) and per-user
     speed (1 / median TPOT): the trade-off `vllm bench sweep` plots. Fastest per user first."""
     if points.empty:
         return pd.DataFrame(columns=list(PARETO_COLUMNS))
-    p = points.assign(per_user_tok_s=1.0 / points["tpot_p50_s"], tok_s_per_gpu=points["throughput_tok_s"] / points["gpus"],
-                      tpot_p50_ms=points["tpot_p50_s"] * 1000)
-    keep = []
-    for _, group in p.groupby(["model", "workload_sha256", "simulated"], sort=True):
-        best = -math.inf
-        # fastest per user first; within a speed, the higher throughput first
-        for idx, row in group.sort_values(["per_user_tok_s", "tok_s_per_gpu"], ascending=[False, False]).iterrows():
-            if row["tok_s_per_gpu"] > best:
-                keep.append(idx)
-                best = row["tok_s_per_gpu"]
+    keys = ["model", "workload_sha256", "simulated"]
+    # Fastest per user first; within a speed, the higher throughput first: a point is on the
+    # front when it beats every faster one's throughput (a running maximum per group).
+    p = pareto_axes(points).sort_values([*keys, "per_user_tok_s", "tok_s_per_gpu"],
+                                         ascending=[True, True, True, False, False])
+    running_best = p.groupby(keys, sort=False)["tok_s_per_gpu"].cummax()
+    best_before = running_best.groupby([p[k] for k in keys], sort=False).shift(fill_value=-math.inf)
+    keep = p.index[p["tok_s_per_gpu"] > best_before]
     front = p.loc[keep]
     return front[list(PARETO_COLUMNS)].reset_index(drop=True)

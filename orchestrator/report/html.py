@@ -42,12 +42,12 @@ pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 <h2 id="verdict-section">Verdicts</h2>
 {% if verdicts %}
 <table id="verdicts">
-<thead><tr><th>bar</th><th>metric</th><th>class</th><th>bar (B/A)</th><th>verdict</th><th>estimate</th>
+<thead><tr><th>bar</th><th>metric</th><th>class</th><th>bar (ratio)</th><th>verdict</th><th>estimate</th>
 <th>interval</th><th>confidence</th><th>blocks</th><th>blocks used, censored, dropped</th></tr></thead>
 <tbody>
 {% for v in verdicts %}
 <tr data-bar="{{ v.bar }}"><td>{{ v.bar }}</td><td>{{ v.metric }}{% if v.rate %} at {{ v.rate }} req/s{% endif %}</td>
-<td>{{ v.class }}</td><td>{{ ">=" if v.direction == "at_least" else "<=" }} {{ v.threshold }}</td>
+<td>{{ v.class }}</td><td>{{ v.compare }} {{ ">=" if v.direction == "at_least" else "<=" }} {{ v.threshold }}</td>
 <td class="{{ v.verdict.split()[0] }}">{{ v.verdict }}</td><td class="num">{{ f3(v.estimate) }}</td>
 <td class="label">{{ v.label }}</td><td class="num">{{ "%.0f%%"|format(100 * v.confidence) }}</td>
 <td class="num">{{ v.blocks }}</td>
@@ -58,9 +58,10 @@ pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 {% endfor %}
 </tbody>
 </table>
-<p class="muted">Estimate: geometric mean of the per-block B/A ratios. The interval column says
+<p class="muted">Estimate: geometric mean of the per-block ratios of the bar's two arms (B/A, or
+the pair it names: C/A), each from the two arms' runs in one block. The interval column says
 exactly what the interval is: each end's one-sided level (the two together are a two-sided
-interval at twice the level minus one), Holm's adjustment when there are several bars, and the
+interval at twice the level minus one), Holm's adjustment over all the plan's bars when there are several, and the
 censored blocks judged as intervals. Only blocks with a valid run of each arm count; a block
 whose capacity is censored (below the search's lowest rate, above its highest, at the load
 generator's ceiling) or unconverged is a bound, never a point.</p>

@@ -19,7 +19,9 @@ import pandas as pd  # noqa: E402
 
 from orchestrator.report.data import ExperimentData, class_value, server_series  # noqa: E402
 
-ARM_COLORS = {"A": "#1f77b4", "B": "#d62728"}
+# A and B as they always were; further arms (a plan may have up to 8) from the tab10 palette.
+ARM_COLORS = {"A": "#1f77b4", "B": "#d62728", "C": "#2ca02c", "D": "#9467bd", "E": "#ff7f0e",
+              "F": "#8c564b", "G": "#e377c2", "H": "#17becf"}
 BLOCK_MARKERS = "osD^vP*X<>"
 DPI = 110
 
@@ -36,7 +38,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def verdict_intervals(data: ExperimentData, path: Path) -> Path | None:
-    """Each bar: the B/A estimate with its interval, against the registered threshold."""
+    """Each bar: the estimate of its ratio (B/A, or the pair it names) with its interval, against
+    the registered threshold."""
     if not data.verdicts:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.8 * len(data.verdicts)))
@@ -62,13 +65,23 @@ def verdict_intervals(data: ExperimentData, path: Path) -> Path | None:
         ax.annotate(v.verdict, (upper, y), xytext=(6, -3), textcoords="offset points", color=c,
                     fontsize=9, fontweight="bold")
     ax.set_yticks(range(len(data.verdicts)))
-    ax.set_yticklabels([v.bar_id for v in reversed(data.verdicts)])
+    ax.set_yticklabels([_bar_name(data, v.bar_id) for v in reversed(data.verdicts)])
     ax.set_xscale("log")
     ax.set_xlim(lo_edge, hi_edge * 1.3)
     ax.set_ylim(-0.7, len(data.verdicts) - 0.3)
-    ax.set_xlabel("B / A (estimate and one-sided bounds; dashed: registered bar)")
+    pairs = sorted({b.compare for b in data.plan.bars}) or ["B/A"]
+    ax.set_xlabel(f"{' or '.join(p.replace('/', ' / ') for p in pairs)} "
+                  "(estimate and one-sided bounds; dashed: registered bar)")
     ax.grid(axis="x", which="both", alpha=0.3)
     return _save(fig, path)
+
+
+def _bar_name(data: ExperimentData, bar_id: str) -> str:
+    """The bar's id, with its pair when the plan compares more than one pair."""
+    bar = data.bar(bar_id)
+    if bar is None or len({b.compare for b in data.plan.bars}) < 2:
+        return bar_id
+    return f"{bar_id} ({bar.compare})"
 
 
 def load_curves(data: ExperimentData, class_name: str, path: Path) -> Path | None:
@@ -115,13 +128,15 @@ def load_curves(data: ExperimentData, class_name: str, path: Path) -> Path | Non
     return _save(fig, path)
 
 
-def _ecdf(ax, values: np.ndarray, n_total: int, color: str, label: str) -> None:
-    """Empirical CDF over every scheduled request: misses (+inf) keep the curve below 1."""
+def _ecdf(ax, values: np.ndarray, n_total: int, color: str, label: str, ls: str = "-") -> bool:
+    """Empirical CDF over every scheduled request: misses (+inf) keep the curve below 1.
+    False when there is nothing to draw (no requests, or none with a finite value)."""
     finite = np.sort(values[np.isfinite(values)])
     if n_total == 0 or finite.size == 0:
-        return
+        return False
     y = np.arange(1, finite.size + 1) / n_total
-    ax.step(finite * 1e3, y, where="post", color=color, label=label)
+    ax.step(finite * 1e3, y, where="post", color=color, label=label, linestyle=ls)
+    return True
 
 
 def latency_at_capacity(data: ExperimentData, class_name: str, path: Path) -> Path | None:
@@ -132,16 +147,15 @@ def latency_at_capacity(data: ExperimentData, class_name: str, path: Path) -> Pa
         return None
     cls = data.plan.service_class(class_name)
     fig, (ax_ttft, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4))
+    drawn = {"ttft": False, "tpot": False}  # a capacity point may hold no finished request
     for run, point_id, _cap in found:
         recs = [r for r in data.requests(point_id) if r.phase == "measure"]
         label = data.run_label(run.id)
         ls = "-" if run.block % 2 == 0 else "--"
         ttft = np.array([r.ttft_s if r.status == "ok" else math.inf for r in recs], dtype=float)
         tpot = np.array([r.tpot_s for r in recs], dtype=float)
-        _ecdf(ax_ttft, ttft, len(recs), _color(run.arm), label)
-        _ecdf(ax_tpot, tpot, len(recs), _color(run.arm), label)
-        for line in ax_ttft.lines[-1:] + ax_tpot.lines[-1:]:
-            line.set_linestyle(ls)
+        drawn["ttft"] |= _ecdf(ax_ttft, ttft, len(recs), _color(run.arm), label, ls)
+        drawn["tpot"] |= _ecdf(ax_tpot, tpot, len(recs), _color(run.arm), label, ls)
     for ax, limit, name in ((ax_ttft, cls.ttft_ms, "TTFT"), (ax_tpot, cls.tpot_ms, "TPOT")):
         ax.axvline(limit, color="black", ls=":", lw=1.5)
         ax.annotate(f"{class_name} limit {limit:g} ms", (limit, 0.02), xytext=(-4, 0),
@@ -151,7 +165,8 @@ def latency_at_capacity(data: ExperimentData, class_name: str, path: Path) -> Pa
         ax.set_ylabel("share of scheduled requests")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    ax_tpot.legend(fontsize=8, title="run", title_fontsize=8)
+    if drawn["tpot"] or drawn["ttft"]:
+        (ax_tpot if drawn["tpot"] else ax_ttft).legend(fontsize=8, title="run", title_fontsize=8)
     fig.suptitle(f"{class_name}: latency at each run's capacity point", fontsize=11)
     return _save(fig, path)
 

@@ -28,13 +28,13 @@ def when(dt: Any) -> str | None:
     return pd.Timestamp(dt).isoformat()
 
 
-def _label(v: Any, confidence: float) -> str:
+def _label(v: Any, confidence: float, compare: str = "B/A") -> str:
     """Exactly what the stored interval is (a verdict stored before labels were: what its
     lower..upper then meant, two one-sided bounds at the bar's confidence)."""
     if v.label:
         return str(v.label)
     lo, hi = num(v.lower), num(v.upper)
-    return (f"B/A {'-' if lo is None else f'{lo:.4g}'}..{'-' if hi is None else f'{hi:.4g}'}: each end a one-sided "
+    return (f"{compare} {'-' if lo is None else f'{lo:.4g}'}..{'-' if hi is None else f'{hi:.4g}'}: each end a one-sided "
             f"{confidence:.0%} bound (together a {2 * confidence - 1:.0%} two-sided interval); stored before labels were")
 
 
@@ -54,7 +54,7 @@ def verdict_rows(data: ExperimentData) -> list[dict[str, Any]]:
             "estimate": num(v.estimate) if v else None, "lower": num(v.lower) if v else None,
             "upper": num(v.upper) if v else None, "blocks": v.blocks if v else 0,
             "judged_at": when(v.judged_at) if v else None,
-            "label": _label(v, bar.confidence) if v else "not judged: no interval",
+            "label": _label(v, bar.confidence, bar.compare) if v else "not judged: no interval",
             "note": (v.note or "") if v else "",
             "blocks_used": evidence.get("blocks_used"),
             "censored": list(evidence.get("censored") or []), "dropped": list(evidence.get("dropped") or []),

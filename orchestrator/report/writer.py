@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
-from orchestrator.report import html, plots, summary
+from orchestrator.report import html, pareto, plots, summary
 from orchestrator.report.data import ExperimentData, load_experiment
 
 INDEX = "index.html"
@@ -75,8 +75,12 @@ def render_report(store, experiment: int | str, out_dir: str | Path) -> WrittenR
         raise UserError(f"--out: cannot create {out}: {e.strerror or e}") from None
     doc = report_document(data)
     images = _figures(data, out)
+    # The Pareto front over comparable history (not only this experiment: the store is asked).
+    front = pareto.experiment_section(store, data, out / FIGURES, out)
+    images["pareto"], doc["pareto"] = front.image, front.to_dict()
     plan_doc = data.plan.model_dump(mode="json", by_alias=True)
     page = html.render(doc, images, plan_doc, list(data.plan.classes))
+    page = pareto.insert_section(page, pareto.pareto_section_html(front))
     index = out / INDEX
     index.write_text(page, encoding="utf-8")
     return WrittenReport(index, doc, images)

@@ -29,6 +29,9 @@ import time
 from typing import Any
 
 KIND = "orchestrator-device-probe"
+# --log-line: the result as one line of stdout starting with this (a Kubernetes Job's pod log
+# carries it back to `orch device probe --kubernetes`; one line survives stderr interleaving).
+LOG_PREFIX = "ORCH-DEVICE-PROBE-RESULT "
 WARMUP_S = 0.1
 VERSION = 1
 # Qwen3-8B's config.json (the shape of issue 21's H200 table) and the tiny Llama of `make vllm`.
@@ -54,11 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per figure (median)")
     ap.add_argument("--out", default="-", help="file to write (default: stdout)")
+    ap.add_argument("--log-line", action="store_true",
+                    help=f"print the result as one line starting with {LOG_PREFIX.strip()!r} on stdout "
+                    "(with --out -: instead of the indented JSON)")
     args = ap.parse_args(argv)
     doc = probe(args.tiny, args.device, args.repeats)
     text = json.dumps(doc, indent=1)
+    if args.log_line:
+        sys.stdout.write(LOG_PREFIX + json.dumps(doc, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
     if args.out == "-":
-        sys.stdout.write(text + "\n")
+        if not args.log_line:
+            sys.stdout.write(text + "\n")
     else:
         with open(args.out, "w") as f:
             f.write(text + "\n")

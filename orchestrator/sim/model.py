@@ -131,6 +131,13 @@ class WorkerModel:
     # a fitted CPU profile measures them): per decoding sequence, per prefill chunk.
     decode_seq_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
+    # The server's front end (HTTP, tokenization, the hop to the engine core), per request:
+    # the latency a request spends there before the engine sees it, and the time it takes from
+    # the engine's own cores (a CPU build's API server shares them; 0 on a GPU, whose host
+    # cores are apart). Measured against CPU vLLM (issue 21): without them a fit pushes the
+    # client's extra ~5 ms of TTFT into t0 and over-predicts TPOT by 40-60%.
+    frontend_latency_s: float = 0.0
+    frontend_cpu_s: float = 0.0
     # Measured rate curves (DeviceProfile), per GPU, effective (no efficiency factor on top):
     # KV read bytes/s by sequences reading in a step, and linear-layer FLOP/s by tokens in a
     # step; interpolated in log(x), held flat past the ends. Empty: the datasheet rates.
@@ -365,6 +372,8 @@ class DeviceProfile(StrictModel):
     memory_bytes: float | None = Field(default=None, gt=0, description="Device memory, bytes (default: the catalog GPU's).")
     decode_seq_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per decoding sequence in a step, s.")
     prefill_seq_overhead_s: float = Field(default=0.0, ge=0, description="Fixed cost per prefill chunk in a step, s.")
+    frontend_latency_s: float = Field(default=0.0, ge=0, description="Time a request spends in the server's front end (HTTP, tokenization) before the engine sees it, s.")
+    frontend_cpu_s: float = Field(default=0.0, ge=0, description="Engine time the front end takes per request when it shares the engine's cores (CPU builds), s.")
     kv_bandwidth_by_batch: Curve = Field(default=(), description="(sequences reading, KV bytes/s) points, by batch.")
     flops_by_tokens: Curve = Field(default=(), description="(tokens in the step, FLOP/s) points of the linear layers.")
 
@@ -395,4 +404,5 @@ class DeviceProfile(StrictModel):
                        compute_efficiency=1.0, kv_cache_bytes=self.kv_cache_bytes,
                        decode_seq_overhead_s=self.decode_seq_overhead_s,
                        prefill_seq_overhead_s=self.prefill_seq_overhead_s,
+                       frontend_latency_s=self.frontend_latency_s, frontend_cpu_s=self.frontend_cpu_s,
                        kv_bandwidth_by_batch=self.kv_bandwidth_by_batch, flops_by_tokens=self.flops_by_tokens)

@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from orchestrator.sim.engine import ClusterSpec, Worker
-from orchestrator.sim.realtime import SimCluster
+from orchestrator.sim.engine.worker import WAITING
+from orchestrator.sim.realtime import Pending, SimCluster
 
 OUTPUT_VOCAB = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "mike", "nova",
                 "oscar", "papa", "rho", "sigma", "tango", "theta", "zulu")
@@ -113,15 +114,34 @@ class SimServer:
             "|step duration - the model's| of steps that ran back to back.", labels,
             registry=self.registry, buckets=timing_buckets,
         ).labels(config.served_model_name, "0")
-        self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed,
+        self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed, on_step=self._stepped,
                                   on_timing=self._timing, spin_s=config.spin_ms / 1000.0)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", labels, registry=self.registry,
                               buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
+        itl_buckets = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                       1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", labels,
-                             registry=self.registry,
-                             buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                                      1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
+                             registry=self.registry, buckets=itl_buckets)
+        # vLLM v1's per-request phase histograms (vllm/v1/metrics/stats.py, 0.32), from the
+        # engine's timeline as vLLM's engine-core timestamps: TPOT = (last - first token) /
+        # (tokens - 1); prefill = first token - first scheduled (the start of the step that
+        # admitted it; a preemption does not restart it); decode = last - first token.
+        # `orch device fit --experiment` fits a device profile from them.
+        phase_buckets = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", labels,
+                              registry=self.registry, buckets=itl_buckets).labels(config.served_model_name, "0")
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.", labels,
+                                      registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
+        self.decode_time = Histogram("vllm:request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.", labels,
+                                     registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
+        # Requests not yet scheduled, with when each was (Pending -> step start), for prefill time.
+        self._unscheduled: set[Pending] = set()
+        self._scheduled_at: dict[Pending, float] = {}
         self.registry.register(_Collector(self))
         self.finished = 0
         self.received = 0
@@ -140,6 +160,16 @@ class SimServer:
         self.lateness.observe(late)
         if step_error is not None:
             self.step_error.observe(step_error)
+
+    def _stepped(self, worker: Worker, duration: float) -> None:
+        """After a step of ``worker``: requests it admitted were scheduled at the step's start
+        (only those still unscheduled are looked at: the waiting ones, not the batch)."""
+        if not self._unscheduled:
+            return
+        start = worker.ends[-1] - duration
+        for p in [p for p in self._unscheduled if p.worker is worker and p.seq.state != WAITING]:
+            self._unscheduled.discard(p)
+            self._scheduled_at[p] = start
 
     async def _start(self, app: web.Application) -> None:
         self.cluster.start()
@@ -216,7 +246,9 @@ class SimServer:
         rng = random.Random(0 if self.config.faults.frozen_output else hash((self.config.seed, rid)))
         t0 = time.monotonic()
         pending, done = await self.cluster.generate(words, n, remote=remote)
+        self._unscheduled.add(pending)  # before its worker's next step can admit it
         seq = pending.seq
+        first_end = last_end = None
         kv_out = self._kv_out(seq, kv_in)
         resp: web.StreamResponse | None = None
         texts: list[str] = []
@@ -231,7 +263,8 @@ class SimServer:
                 item = await pending.queue.get()
                 if item is None:
                     break
-                k, _ = item
+                k, last_end = item
+                first_end = last_end if first_end is None else first_end
                 now = time.monotonic()
                 if last_t is None:
                     self.ttft.labels(name, "0").observe(now - t0)
@@ -245,7 +278,14 @@ class SimServer:
                     first = False
         finally:
             done()
+            self._unscheduled.discard(pending)
+            scheduled = self._scheduled_at.pop(pending, None)
         self.finished += 1
+        if first_end is not None and last_end is not None:
+            if scheduled is not None:
+                self.prefill_time.observe(max(0.0, first_end - scheduled))
+            self.decode_time.observe(last_end - first_end)
+            self.tpot.observe((last_end - first_end) / (seq.generated - 1) if seq.generated > 1 else 0.0)
         usage = {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
                  "completion_tokens": seq.generated,
                  "prompt_tokens_details": {"cached_tokens": seq.cached_tokens or 0}}

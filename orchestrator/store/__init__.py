@@ -5,13 +5,8 @@ The one entry point is ``Store.open(url)``; history queries return pandas DataFr
 
 from orchestrator.store.database import ENV_VAR, default_url
 from orchestrator.store.ingest import DuplicateRequestRecords, UnknownPoint
-from orchestrator.store.repository import (
-    ImmutableRegistration,
-    NotFound,
-    Store,
-    StoreConflict,
-    same_plan,
-)
+from orchestrator.store.integrity import ImmutableRegistration, NotFound, StoreConflict, same_plan
+from orchestrator.store.repository import Store
 from orchestrator.store.rows import (
     ExperimentInfo,
     GuardRecord,

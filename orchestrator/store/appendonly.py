@@ -45,7 +45,7 @@ if RECORD_FIELDS[-len(OPTIONAL_FIELDS):] != OPTIONAL_FIELDS:  # they must be the
 # of the columns a run's lifecycle sets, DELETE only of the derived summaries.
 RUNTIME_INSERT = ("plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
                   "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries",
-                  "workload_signatures")
+                  "workload_signatures", "history_groups")
 RUNTIME_UPDATE = {
     "experiments": ("status", "controller_id", "started_at", "finished_at"),
     "runs": ("status", "valid", "invalid_reason", "engine_version", "image_digest", "gpu_type", "nodes",
@@ -53,7 +53,7 @@ RUNTIME_UPDATE = {
     "load_points": ("achieved_rate", "throughput_tok_s", "per_class", "percentiles", "context", "valid"),
     "capacities": ("capacity", "at_rate", "attainment", "points_used", "censored", "converged", "upper",
                    "config_id", "counted", "measured_at", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
-                   "simulated", "observed_gpu", "observed_engine"),
+                   "simulated", "observed_gpu", "observed_engine", "group_id"),
     "capacity_summaries": ("runs", "median", "p25", "p75", "min", "max", "last_measured"),
 }
 CAPACITY_FIELDS = ("class_name", "capacity", "at_rate", "attainment", "points_used", "censored",

@@ -219,11 +219,18 @@ class Capacity(Base):
         sa.CheckConstraint("censored IS NULL OR censored IN ('below_min', 'above_max', 'at_ceiling')",
                            name="censored"),
         # time-ranged history reads one range of this index (capacities that count only),
-        # index-only: it covers the comparable keys and the observed engine too (0009)
+        # index-only: it covers the comparable group (one integer since 0010; the other filters
+        # choose groups) and the observed fingerprint (filters that always aggregate live)
         sa.Index(
             "ix_capacities_counted_measured_at", "measured_at",
-            postgresql_include=["config_id", "class_name", "capacity", "workload_sha256", "ttft_ms", "tpot_ms",
-                                "backend", "simulated", "observed_engine"],
+            postgresql_include=["group_id", "capacity", "observed_engine", "observed_gpu"],
+            postgresql_where=sa.text("counted"), sqlite_where=sa.text("counted"),
+        ),
+        # a live aggregate over chosen groups, or over all time with an observed-fingerprint
+        # filter, reads each group's capacities in order, index-only (0010)
+        sa.Index(
+            "ix_capacities_counted_group", "group_id", "capacity",
+            postgresql_include=["measured_at", "observed_engine", "observed_gpu"],
             postgresql_where=sa.text("counted"), sqlite_where=sa.text("counted"),
         ),
     )
@@ -254,6 +261,33 @@ class Capacity(Base):
     simulated: Mapped[bool | None] = mapped_column(sa.Boolean)
     observed_gpu: Mapped[str | None] = mapped_column(sa.String(200))
     observed_engine: Mapped[str | None] = mapped_column(sa.String(40))
+    # The comparable group of those keys (HistoryGroup.id; 0010), written with them: history
+    # groups and sorts by this one integer instead of seven columns. NULL until the run's
+    # configuration is copied (a capacity no history question counts yet).
+    group_id: Mapped[int | None] = mapped_column(sa.BigInteger)
+
+
+class HistoryGroup(Base):
+    """Derived (0010): one row per comparable group a capacity ever had, configuration, class
+    and its limits, workload signature, backend, simulated or measured, with an unknown key
+    stored as '' (text) or 0 (limits) as in the summaries; never deleted (a group with no
+    capacity left is simply never matched). Written by store.groups whenever a capacity's keys
+    are."""
+
+    __tablename__ = "history_groups"
+    __table_args__ = (
+        sa.UniqueConstraint("config_id", "class_name", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
+                            "simulated", name="uq_history_groups_key"),  # the convention's name is too long
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    config_id: Mapped[int] = mapped_column(sa.BigInteger, sa.ForeignKey("deployment_configs.id", ondelete=CASCADE))
+    class_name: Mapped[str] = mapped_column(sa.String(60))
+    workload_sha256: Mapped[str] = mapped_column(sa.String(64))
+    ttft_ms: Mapped[float] = mapped_column(sa.Double)
+    tpot_ms: Mapped[float] = mapped_column(sa.Double)
+    backend: Mapped[str] = mapped_column(sa.String(20))
+    simulated: Mapped[bool] = mapped_column(sa.Boolean)
 
 
 class BarVerdict(Base):

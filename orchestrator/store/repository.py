@@ -7,7 +7,6 @@ was in, and a resumed one finds everything before it (DESIGN section 6).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,13 +16,20 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.errors import EnvironmentProblem, PermanentError, PlanError, UserError
+from orchestrator.errors import EnvironmentProblem, UserError
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
 from orchestrator.store import database, summaries
 from orchestrator.store.appendonly import maintenance, run_digest
 from orchestrator.store.history_api import HistoryQueries
 from orchestrator.store.ingest import Fence, fetch_requests, ingest_requests
+from orchestrator.store.integrity import (
+    DigestCheck,
+    NotFound,
+    StoreConflict,
+    refused,
+    same_plan,
+)
 from orchestrator.store.keys import RegistrationKeys, registration_keys
 from orchestrator.store.models import (
     BarVerdict,
@@ -52,53 +58,6 @@ from orchestrator.store.rows import (
 from orchestrator.store.types import utcnow
 
 
-class NotFound(UserError):
-    """The registration, experiment or run asked for is not in the store."""
-
-
-class ImmutableRegistration(PermanentError):
-    """Something tried to change or delete a registered plan."""
-
-
-class StoreConflict(PermanentError):
-    """A write that would duplicate or contradict what is stored (e.g. the same run twice)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DigestCheck:
-    """A finished run's stored digest against the one its records give now (``stored`` None:
-    finished before digests were kept, not checked)."""
-
-    run_id: int
-    arm: str
-    block: int
-    attempt: int
-    stored: str | None
-    actual: str
-
-    @property
-    def changed(self) -> bool:
-        return self.stored is not None and self.stored != self.actual
-
-
-def _refused(what: str, e: IntegrityError) -> StoreConflict:
-    first = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-    return StoreConflict(f"{what} refused: {first}")
-
-
-@sa.event.listens_for(Session, "before_flush")
-def _refuse_registration_changes(session: Session, _ctx: object, _instances: object) -> None:
-    # The repository layer's half of the rule (the database's half is a trigger).
-    for obj in session.deleted:
-        if isinstance(obj, PlanRegistration):
-            raise ImmutableRegistration(f"plan registration {obj.id} cannot be deleted")
-    for obj in session.dirty:
-        if isinstance(obj, PlanRegistration) and session.is_modified(obj):
-            raise ImmutableRegistration(
-                f"plan registration {obj.id} cannot be changed: register the edited plan instead"
-            )
-
-
 def _plain(obj: Any) -> Any:
     """Dataclasses and pydantic models (analysis results) as plain JSON-able data."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -112,18 +71,6 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
         return obj.item()
     return obj
-
-
-def same_plan(registered_json: str, plan: Plan) -> bool:
-    """True when a registration's canonical JSON, read by the current plan language, is ``plan``
-    (a registration made by an earlier version hashes differently only by the defaults of
-    fields added since)."""
-    if plan_hash(plan) == hashlib.sha256(registered_json.encode()).hexdigest():
-        return True
-    try:
-        return canonical_json(plan_from_canonical(registered_json)) == canonical_json(plan)
-    except (PlanError, ValueError, KeyError, TypeError):
-        return False  # not readable as a plan today: it cannot be this one
 
 
 def _registration(row: PlanRegistration, created: bool = False) -> Registration:
@@ -377,7 +324,7 @@ class Store(HistoryQueries):
         try:
             self._finish_run(run_id, status, valid, invalid_reason, fp)
         except IntegrityError as e:  # a finished run cannot change (append-only, 0006)
-            raise _refused(f"finishing run {run_id} as {status}", e) from None
+            raise refused(f"finishing run {run_id} as {status}", e) from None
 
     def _finish_run(self, run_id: int, status: str, valid: bool, invalid_reason: str | None,
                     fp: dict[str, Any]) -> None:
@@ -475,7 +422,7 @@ class Store(HistoryQueries):
                     row.context = _plain(dict(context))
                 row.valid = bool(valid)
         except IntegrityError as e:  # a point of a finished run cannot change (0006)
-            raise _refused(f"completing load point {point_id}", e) from None
+            raise refused(f"completing load point {point_id}", e) from None
 
     def points(self, run_id: int) -> pd.DataFrame:
         """A run's load points in the order they were measured."""
@@ -541,7 +488,7 @@ class Store(HistoryQueries):
                 summaries.mark_capacities(s, run, self._keys_of(s, run))
                 summaries.refresh(s, run.config_id, [class_name])
         except IntegrityError as e:  # a capacity of a finished run cannot change (0006)
-            raise _refused(f"recording the {class_name} capacity of run {run_id}", e) from None
+            raise refused(f"recording the {class_name} capacity of run {run_id}", e) from None
 
     def capacities(self, experiment_id: int) -> pd.DataFrame:
         """Per run and class: arm, block, attempt, validity, capacity and its censoring

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from orchestrator.store import keys
+from orchestrator.store import groups, keys
 from orchestrator.store.models import Capacity, CapacitySummary, Experiment, PlanRegistration, Run
 
 # Serialises refreshes of one configuration across processes (two controllers finishing runs
@@ -109,6 +109,7 @@ def mark_capacities(session: Session, run: Run, reg: keys.RegistrationKeys | Non
         sa.update(Capacity).where(Capacity.run_id == run.id).values(**values),
         execution_options={"synchronize_session": False},
     )
+    groups.assign(session, Capacity.run_id == run.id)  # the group number follows the keys (0010)
 
 
 def mark_all_capacities(session: Session) -> None:
@@ -154,6 +155,7 @@ def mark_all_keys(session: Session) -> None:
                 ),
                 execution_options={"synchronize_session": False},
             )
+    groups.assign(session, sa.true())
 
 
 def groups_of_runs(session: Session, where: sa.ColumnElement[bool]) -> dict[int, set[str]]:

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import run_in_process, small_plan
+from tests.e2e.helpers import BASE, run_in_process, small_plan
 
 pytestmark = pytest.mark.timeout(420)
 
 
 @pytest.mark.parametrize(
-    ("flags", "expected"),
+    ("flags", "expected", "early_stop"),
     [
-        (["--fault-ignore-max-tokens-streaming"], "output_limit"),
-        (["--fault-frozen-output"], "frozen_randomness"),
-        (["--fault-stall-every", "5", "--fault-stall-ms", "700"], "stalls"),
-        (["--fault-die-after", "10"], "server"),
+        (["--fault-ignore-max-tokens-streaming"], "output_limit", False),
+        (["--fault-frozen-output"], "frozen_randomness", False),
+        (["--fault-stall-every", "5", "--fault-stall-ms", "700"], "stalls", False),
+        # Early stop must not hide a stall: a stopped point lets its in-flight streams end
+        # (cancelling them once let this run pass as valid with capacity 0).
+        (["--fault-stall-every", "5", "--fault-stall-ms", "700"], "stalls", True),
+        (["--fault-die-after", "10"], "server", False),
     ],
-    ids=["ignored-max-tokens", "frozen-output", "stalls", "death-mid-point"],
+    ids=["ignored-max-tokens", "frozen-output", "stalls", "stalls-early-stop", "death-mid-point"],
 )
-def test_fault_fails_the_run_with_its_guard(store, state, flags: list[str], expected: str) -> None:
-    plan = small_plan(name=f"e2e-fault-{expected}")
+def test_fault_fails_the_run_with_its_guard(store, state, flags: list[str], expected: str, early_stop: bool) -> None:
+    search = {**BASE["search"], "early_stop": True} if early_stop else BASE["search"]
+    plan = small_plan(name=f"e2e-fault-{expected}" + ("-early" if early_stop else ""), search=search)
     out = run_in_process(store, plan, state, faults={("A", 0, 0): flags})
     runs = {(r.arm, r.attempt): r for r in store.runs(out.experiment_id)}
     first = runs[("A", 0)]

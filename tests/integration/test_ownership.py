@@ -121,7 +121,11 @@ def test_second_run_refused_while_first_completes_untouched(tmp_path: Path, data
         assert taken.returncode == 2 and "is being run by" in taken.stderr, taken.stderr[-2000:]
         assert first.wait(100) == 0, log.read_text()[-3000:]
         runs = store.runs(exp_id)
-        assert [r.status for r in runs] == ["done", "done"] and all(r.valid for r in runs)
+        # Each arm ends done and valid; a run failed by a guard on a loaded CI machine (seen: one
+        # in a 4-worker run on 2 cores) is retried by this same process, which is not the subject.
+        last = {r.arm: r for r in sorted(runs, key=lambda r: r.attempt)}
+        assert sorted(last) == ["A", "B"] and all(r.status == "done" and r.valid for r in last.values()), runs
+        assert all(r.status == "done" or r.attempt < last[r.arm].attempt for r in runs), runs
         exp = store.get_experiment(exp_id)
         assert exp.status == "done" and exp.controller_id.endswith(f":{first.pid}")
         store.close()

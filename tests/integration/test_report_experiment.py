@@ -231,7 +231,7 @@ def test_headless_chromium_loads_the_page_and_finds_the_verdict_table(finished: 
     dom.feed(r.stdout)
     assert "verdicts" in dom.tables, r.stdout[:2000]
     header, *rows = dom.tables["verdicts"]
-    assert header[:5] == ["bar", "metric", "class", "bar (B/A)", "verdict"]
+    assert header[:5] == ["bar", "metric", "class", "bar (ratio)", "verdict"]
     assert rows and rows[0][0] == "standard-capacity" and rows[0][4] == verdict.verdict
 
 

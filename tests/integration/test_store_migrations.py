@@ -23,7 +23,7 @@ from orchestrator.store.models import Base
 
 TABLES = {
     "plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
-    "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries",
+    "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries", "history_groups",
 }
 
 
@@ -148,3 +148,50 @@ def test_models_match_the_migrated_schema(db_url: str) -> None:
         diff = compare_metadata(ctx, Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+def test_0010_numbers_the_groups_of_a_0009_database(db_url: str) -> None:
+    """A history written before 0010 (the groups' table and column dropped by its downgrade)
+    gets every group numbered by the upgrade, once, and the same answers as before."""
+    import pandas as pd
+    import yaml
+
+    from orchestrator.plan import validate_plan
+    from orchestrator.store import Store
+    from orchestrator.store.models import Capacity, HistoryGroup
+    from tests.integration.test_history_groups import CASES, QUICKSTART, seed
+
+    engine = create_engine(db_url)
+    upgrade(engine)
+    store = Store(engine)
+    seed(store, runs=150, seed_=11)
+    before = {str(c): store.capacity_by_config(**c) for c in CASES}
+    downgrade(engine, "0009")
+    assert "history_groups" not in sa.inspect(engine).get_table_names()
+    upgrade(engine)
+    with engine.connect() as conn:
+        groups = conn.execute(sa.select(sa.func.count()).select_from(HistoryGroup)).scalar_one()
+        counted = conn.execute(sa.select(sa.func.count()).select_from(Capacity).where(Capacity.group_id.is_(None))).scalar_one()
+        mismatched = conn.execute(
+            sa.select(sa.func.count()).select_from(Capacity).join(HistoryGroup, HistoryGroup.id == Capacity.group_id)
+            .where(sa.or_(HistoryGroup.config_id != Capacity.config_id, HistoryGroup.class_name != Capacity.class_name,
+                          HistoryGroup.workload_sha256 != sa.func.coalesce(Capacity.workload_sha256, ""),
+                          HistoryGroup.ttft_ms != sa.func.coalesce(Capacity.ttft_ms, 0.0),
+                          HistoryGroup.backend != sa.func.coalesce(Capacity.backend, ""),
+                          HistoryGroup.simulated != sa.func.coalesce(Capacity.simulated, sa.false())))
+        ).scalar_one()
+        distinct = conn.execute(sa.select(sa.func.count(sa.distinct(Capacity.group_id)))).scalar_one()
+    assert (counted, mismatched) == (0, 0)  # every capacity numbered, by its own keys
+    assert groups == distinct > 10
+    for c in CASES:
+        pd.testing.assert_frame_equal(store.capacity_by_config(**c), before[str(c)], check_exact=True)
+    # a run finished after the upgrade joins its group (the repository numbers it)
+    plan = validate_plan(yaml.safe_load(QUICKSTART.read_text()))
+    exp = store.create_experiment(store.register_plan(plan).id)
+    cfg = store.deployment_config(plan, "A")
+    run = store.start_run(exp, "A", 0, 0, 0, cfg)
+    store.record_capacity(run, "interactive", 123.0, 2.0, 0.92, 5)
+    store.finish_run(run, "done", valid=True)
+    got = store.capacity_by_config(config_id=cfg, since_days=1)
+    assert got[["runs", "median"]].values.tolist() == [[1, 123.0]]
+    engine.dispose()

@@ -13,14 +13,13 @@ import pytest
 from scipy import stats as sps
 
 from orchestrator.analysis.balance import abba_orders, order_balance
+from orchestrator.analysis.blocks import BlockRatio, CapacityValue
 from orchestrator.analysis.power import accept_probability, blocks_needed
 from orchestrator.analysis.stats import (
     ROBUST,
     SD_FLOOR,
     STUDENT_T,
     BarEvidence,
-    BlockRatio,
-    CapacityValue,
     critical_value,
     judge,
     judge_bars,
@@ -180,6 +179,15 @@ def test_a_censored_block_is_judged_as_an_interval() -> None:
     # A wide interval that straddles makes it inconclusive, never a fake point.
     wide = BlockRatio(5, CapacityValue(100.0), CapacityValue(50.0, lower=50.0, upper=200.0, converged=False))
     assert judge([*exact, wide], 1.15, 0.95).verdict == "INCONCLUSIVE"
+
+
+def test_one_censored_block_says_its_estimate_is_a_midpoint() -> None:
+    unconv = BlockRatio(0, CapacityValue(100.0), CapacityValue(125.0, lower=125.0, upper=140.0, converged=False))
+    j = judge([unconv], 1.05, 0.95)
+    assert j.verdict == "INCONCLUSIVE" and j.n == 1
+    assert "one block" in j.note and "censored or unconverged" in j.note
+    assert j.estimate == pytest.approx(math.sqrt(1.25 * 1.40))
+    assert "censored" not in judge([BlockRatio.of(0, 100.0, 125.0)], 1.05, 0.95).note
 
 
 def test_a_bound_can_still_reject() -> None:

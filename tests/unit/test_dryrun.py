@@ -145,7 +145,8 @@ def test_an_odd_abba_design_is_warned_about_in_the_dry_run_and_plan_validate(res
 def test_both_arms_at_zero_are_no_ratio_in_the_dry_run() -> None:
     """0/0 is not ln 1: a block where neither arm has any capacity gives no ratio, and the
     predicted verdict cannot accept on it."""
-    from orchestrator.analysis.stats import BlockRatio, judge
+    from orchestrator.analysis.blocks import BlockRatio
+    from orchestrator.analysis.stats import judge
     from orchestrator.control.dryrun import _log_ratio, _ratio
 
     r = _log_ratio(0.0, 0.0, 2)

@@ -283,3 +283,15 @@ def test_unknown_key_does_not_hide_the_tp_rule() -> None:
         validate_plan(data)
     paths = [p.split(":")[0] for p in e.value.problems]
     assert f"arms.{name}.colour" in paths and f"arms.{name}.decode.tp" in paths, e.value.problems
+
+
+def test_a_key_with_a_newline_is_reported_on_one_line() -> None:
+    # Found by the fuzz test once the three-arm example joined the examples: an unknown key
+    # "\n" made a two-line problem.
+    data = copy.deepcopy(EXAMPLE_DATA[0])
+    data["\n"] = None
+    data["arms"]["A"]["x\ty"] = 1
+    problems = outcome(validate_plan, data)
+    assert isinstance(problems, PlanError)
+    assert sorted(problems.problems)[0].startswith("\\n: unknown field")
+    assert any(p.startswith("arms.A.x\\ty: unknown field") for p in problems.problems), problems.problems

@@ -122,3 +122,47 @@ def test_page_escapes_stored_text() -> None:
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;bad" in page
     assert "stalls: 0.25 vs 0.01 at 2 req/s" in page
     assert "The plan registered no bars" in page
+
+
+def test_latency_plot_with_a_capacity_point_that_holds_no_record(tmp_path, monkeypatch) -> None:
+    """A run whose capacity point holds no finished request draws nothing and restyles nothing:
+    the other run's curve keeps its own line style, and no empty legend is asked for (a warning,
+    an error under this suite's filters)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.report.data import ExperimentData
+    from orchestrator.report.plots import latency_at_capacity
+    from orchestrator.store.rows import RunInfo
+    from tests.e2e.helpers import small_plan
+
+    plan = small_plan()
+    now = datetime.now(UTC)
+    runs = [RunInfo(id=i, experiment_id=1, config_id=1, arm=arm, block=block, position=0, attempt=0,
+                    status="done", valid=True, invalid_reason=None, fingerprint=None, started_at=now,
+                    finished_at=now) for i, arm, block in ((1, "A", 0), (2, "B", 1))]
+    caps = pd.DataFrame({"run_id": [1, 2], "class_name": ["standard"] * 2, "valid": [True, True],
+                         "at_rate": [2.0, 2.0], "capacity": [1.9, 1.9]})
+    points = pd.DataFrame({"id": [10, 20], "run_id": [1, 2], "offered_rate": [2.0, 2.0]})
+    by_point = {10: [_rec(i) for i in range(8)], 20: []}  # run 2's point: nothing recorded
+
+    class Requests:
+        def requests(self, point_id: int) -> list[RequestRecord]:
+            return by_point[point_id]
+
+    data = ExperimentData(experiment=None, registration=None, plan=plan, runs=runs, points=points,
+                          capacities=caps, verdicts=[], guards={}, metrics=pd.DataFrame(), _store=Requests())
+    from orchestrator.report import plots
+
+    seen = []
+    real_save = plots._save
+
+    def keep(fig, path):
+        seen.append([(line.get_label(), line.get_linestyle()) for ax in fig.axes for line in ax.lines
+                     if not line.get_label().startswith("_")])
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    out = latency_at_capacity(data, "standard", tmp_path / "latency.png")
+    assert out is not None and out.exists()
+    # Run 1's TTFT and TPOT curves, solid (the old code restyled the last drawn line as run 2's).
+    assert seen == [[("A b0", "-"), ("A b0", "-")]]

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
+from orchestrator.analysis.blocks import BlockRatio
 from orchestrator.analysis.calibration import (
     Curve,
     cliff_curve,
@@ -31,7 +32,7 @@ from orchestrator.analysis.calibration import (
     tpot_knee_curve,
 )
 from orchestrator.analysis.search import CapacitySearch
-from orchestrator.analysis.stats import STUDENT_T, BlockRatio, judge, judge_many
+from orchestrator.analysis.stats import STUDENT_T, judge, judge_many
 
 BOUND = 1 - 0.95 + 0.01  # false accepts at the bar, confidence 0.95
 SIMS = 20_000

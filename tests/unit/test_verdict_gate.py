@@ -61,7 +61,7 @@ class _Store:
 def _plan(blocks: int, at_least: float = 1.10, metric: str = "capacity", rate: float | None = None):
     bar = Bar.model_validate({"id": "b", "class": "standard", "at_least": at_least, "metric": metric,
                               **({"rate": rate} if rate else {})})
-    return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1))
+    return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1), arms={"A": None, "B": None})
 
 
 def _caps(a: list[float], b: list[float], **extra) -> dict[tuple[int, str], dict]:

@@ -50,6 +50,7 @@ RESOURCES: dict[str, Resource] = {
     "Pod": Resource("/api/v1", "pods", True),
     "Event": Resource("/api/v1", "events", True),
     "Deployment": Resource("/apis/apps/v1", "deployments", True),
+    "Job": Resource("/apis/batch/v1", "jobs", True),
     "Role": Resource("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": Resource("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
 }
@@ -186,6 +187,12 @@ class KubeApi:
             if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
                 return False
             raise
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """The log of a pod's container (its current or last instance), as `kubectl logs` shows it."""
+        query = [("container", container)] if container else []
+        return self._call("get", "pods/log", "GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                          query=query, raw=True)
 
     def proxy_get(self, namespace: str, pod: str, port: int, path: str) -> str:
         """GET ``path`` on a pod's port through the API server's proxy (in or out of cluster)."""

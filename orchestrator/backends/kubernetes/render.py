@@ -20,6 +20,7 @@ from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.errors import EnvironmentProblem, UserError
 from orchestrator.plan import Arm, Plan, PoolSpec
+from orchestrator.plan.kubernetes import KubernetesSettings
 
 Obj = dict[str, Any]
 HTTP_PORT = 8000
@@ -170,9 +171,14 @@ def vllm_args(plan: Plan, arm: Arm, tp: int) -> list[str]:
 
 
 def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
-    k = plan.kubernetes
     assert arm.gpu is not None  # plan validation: a provisioned arm names its GPU (external ones are refused)
-    expr = {"key": k.gpu_product_label, "operator": "In", "values": list(k.product_labels(arm.gpu))}
+    return gpu_affinity(plan.kubernetes, arm.gpu)
+
+
+def gpu_affinity(k: KubernetesSettings, gpu: str) -> Obj:
+    """The node affinity that places a pod on ``gpu`` nodes (the product label's values from the
+    catalog, or the settings' gpu_products); the device probe's Job uses it too."""
+    expr = {"key": k.gpu_product_label, "operator": "In", "values": list(k.product_labels(gpu))}
     return {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -182,7 +188,7 @@ def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
     }
 
 
-def _pull_secrets(pod_spec: Obj, names: tuple[str, ...]) -> None:
+def pull_secrets(pod_spec: Obj, names: tuple[str, ...]) -> None:
     """The plan's image pull secrets on a pod (the securityContext is the base's, manifests/)."""
     if names:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in names]
@@ -209,7 +215,7 @@ def _pool_deployment(
     tpl["metadata"]["labels"] = pod_labels
     spec = tpl["spec"]
     spec["terminationGracePeriodSeconds"] = k.termination_grace_s
-    _pull_secrets(spec, k.image_pull_secrets)
+    pull_secrets(spec, k.image_pull_secrets)
     spec["affinity"] = _gpu_affinity(plan, arm)
     if k.node_selector:
         spec["nodeSelector"] = dict(sorted(k.node_selector.items()))
@@ -357,7 +363,7 @@ def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: 
     tpl = obj["spec"]["template"]
     tpl["metadata"]["labels"] = {**tpl["metadata"]["labels"], **labels, naming.ROLE_LABEL: "router"}
     tpl["spec"]["serviceAccountName"] = name
-    _pull_secrets(tpl["spec"], k.image_pull_secrets)
+    pull_secrets(tpl["spec"], k.image_pull_secrets)
     if k.tolerations:  # a cluster of tainted GPU nodes only must still place the router
         tpl["spec"]["tolerations"] = [toleration(t) for t in k.tolerations]
     c = tpl["spec"]["containers"][0]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-ARRIVE, STEP_END, WAKE, USER = range(4)
+ARRIVE, STEP_END, WAKE, USER, SUBMIT = range(5)
 
 
 class RequestLike(Protocol):
@@ -126,6 +126,8 @@ class _Run:
         self.on_done: Callable[[int, float], None] | None = None  # closed loop: callback(index, time)
         self.user_next: Callable[[int, float], None] = _no_users  # closed loop: a user's next send
         self.user_of: dict[int, int] = {}  # closed loop: request index -> user
+        self.pending: dict[int, Seq] = {}  # in the server's front end, not yet at a worker
+        self.frontend_free = [0.0] * len(self.workers)  # when each worker's front end is next idle
 
     def push(self, t: float, kind: int, a: int) -> None:
         self.n_ev += 1
@@ -172,7 +174,24 @@ class _Run:
         max_tokens = 1 if self.back else r.max_tokens
         seq = Seq(key=i, prompt_tokens=r.prompt_tokens, max_tokens=max_tokens, hashes=hashes, tag=(i, wi))
         self.outstanding += 1
-        self.workers[wi].submit(seq)
+        front = self.workers[wi].model
+        if front.frontend_latency_s or front.frontend_cpu_s:
+            # The engine sees it after the server's front end: one process that handles
+            # requests one at a time (frontend_cpu_s each, so a burst reaches the engine spread
+            # out), plus a fixed latency (HTTP, the hop to the engine core).
+            done = max(now, self.frontend_free[wi]) + front.frontend_cpu_s
+            self.frontend_free[wi] = done
+            self.pending[i] = seq
+            self.push(done + front.frontend_latency_s, SUBMIT, i)
+        else:
+            self.submit(seq, now)
+
+    def submit(self, seq: Seq, now: float) -> None:
+        _, wi = cast(tuple[int, int], seq.tag)
+        w = self.workers[wi]
+        if w.model.frontend_cpu_s and self.busy[wi]:
+            w.charge_host(w.model.frontend_cpu_s)
+        w.submit(seq)
         self.kick(wi, now)
 
     def step_end(self, wi: int, now: float) -> None:
@@ -240,6 +259,8 @@ class _Run:
                 self.kick(a, t)
             elif kind == USER:
                 self.user_next(a, t)
+            elif kind == SUBMIT:
+                self.submit(self.pending.pop(a), t)
         return now
 
     def _phase(self, t: float) -> str:

@@ -107,6 +107,7 @@ class Worker:
         self._plan_dec = 0
         self._pending_s = 0.0
         self._admits = 0
+        self._host_debt_s = 0.0  # front-end work done on the engine's cores during the current step
         # vLLM counters
         self.preemptions = 0
         self.prompt_tokens_total = 0
@@ -117,6 +118,11 @@ class Worker:
     def submit(self, seq: Sequence) -> None:
         """A request arrives at this worker."""
         self.waiting.append(seq)
+
+    def charge_host(self, seconds: float) -> None:
+        """Front-end work on the engine's own cores while a step runs: the next step starts
+        that much later (time-sharing one core; an idle engine loses nothing)."""
+        self._host_debt_s += seconds
 
     @property
     def running(self) -> int:
@@ -176,6 +182,9 @@ class Worker:
         dur = self.model.step_time_s(n_dec, self.dec_context, chunks)
         if self.stall_every and (self.step_no + 1) % self.stall_every == 0:
             dur += self.stall_s
+        if self._host_debt_s:
+            dur += self._host_debt_s
+            self._host_debt_s = 0.0
         self._plan = plan
         self._plan_dec = n_dec
         self._pending_s = dur

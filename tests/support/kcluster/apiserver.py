@@ -269,6 +269,8 @@ class ApiServer(kmock.KubernetesEmulator):
             spec.setdefault("revisionHistoryLimit", 10)
             spec.setdefault("progressDeadlineSeconds", 600)
             obj.setdefault("status", {})
+        elif plural == "jobs":
+            _job_defaults(obj)
         elif plural == "pods":
             spec.setdefault("restartPolicy", "Always")
             spec.setdefault("schedulerName", "default-scheduler")
@@ -652,3 +654,21 @@ class ApiServer(kmock.KubernetesEmulator):
             self._http = None
 
 
+def _job_defaults(job: Obj) -> None:
+    """A Job as the API server admits it: defaults, the selector and pod labels it generates
+    (``batch.kubernetes.io/controller-uid``, ``job-name``), a restartPolicy it accepts."""
+    meta, spec = job["metadata"], job["spec"]
+    tpl_spec = (spec.get("template") or {}).get("spec") or {}
+    if tpl_spec.get("restartPolicy") not in ("Never", "OnFailure"):
+        raise ApiError(422, "Invalid", f'Job.batch "{meta["name"]}" is invalid: spec.template.spec.restartPolicy: '
+                       f'Required value: valid values: "OnFailure", "Never"')
+    for k, v in (("backoffLimit", 6), ("completions", 1), ("parallelism", 1), ("completionMode", "NonIndexed"),
+                 ("suspend", False), ("manualSelector", False)):
+        spec.setdefault(k, v)
+    uid, name = meta["uid"], meta["name"]
+    generated = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+                 "controller-uid": uid, "job-name": name}
+    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    tpl_meta = spec["template"].setdefault("metadata", {})
+    tpl_meta["labels"] = {**(tpl_meta.get("labels") or {}), **generated}
+    job.setdefault("status", {})

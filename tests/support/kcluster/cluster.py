@@ -140,6 +140,7 @@ class EmulatedCluster:
         self._reserved_ips: dict[tuple[str, str], str] = {}
         self._pull_failures: dict[str | None, int] = {}
         self._refusals: list[Refusal] = []
+        self._host_images: dict[str, dict[str, str]] = {}  # image prefix -> program -> path here
         self.errors: list[BaseException] = []  # exceptions of the control loop (should stay empty)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -387,6 +388,15 @@ class EmulatedCluster:
         """The next ``times`` pull attempts (of ``image``, or any image) fail: the container shows
         ``ErrImagePull``, then ``ImagePullBackOff`` until the next attempt; then pulls succeed."""
         self._call(lambda: self._pull_failures.__setitem__(image, self._pull_failures.get(image, 0) + times))
+
+    def run_on_host(self, image: str, executables: dict[str, str] | None = None) -> None:
+        """Containers whose image starts with ``image`` run their own command on this machine
+        (a Job's script, say): mounted ConfigMaps and emptyDirs are folders of the workdir, and
+        ``executables`` maps the command's program (``{"python": sys.executable}``) to one here."""
+        self._call(lambda: self._host_images.__setitem__(image, dict(executables or {})))
+
+    def host_executables(self, image: str) -> dict[str, str] | None:
+        return next((v for k, v in self._host_images.items() if image.startswith(k)), None)
 
     def take_pull_failure(self, image: str) -> bool:
         for key in (image, None):

@@ -1,5 +1,7 @@
 """What the kubelet runs for a container spec: the simulated engine for a vLLM container, the
-real ``vllm-router`` for a router container.
+real ``vllm-router`` for a router container, and, for an image a test registers
+(``EmulatedCluster.run_on_host``), the container's own command on this machine
+(``host_launch``: its ConfigMap and emptyDir volumes are folders here).
 
 A vLLM container's command line is read the way ``vllm serve`` reads it (the flags the
 backend renders and the common others); a flag vLLM would reject, or a value it could not
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.sim import router_binary
@@ -46,6 +50,11 @@ class ContainerError(Exception):
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
         self.message, self.exit_code = message, exit_code
+
+
+class MountPending(ContainerError):
+    """A volume cannot be set up yet (its ConfigMap does not exist): the container waits in
+    ContainerCreating with a FailedMount event, as the kubelet retries the mount."""
 
 
 @dataclass
@@ -265,3 +274,42 @@ def container_env(c: Obj, pod: Obj, lookup: Any) -> dict[str, str]:
                 if value is not None:
                     out[e["name"]] = value
     return out
+
+
+def host_launch(c: Obj, pod: Obj, executables: dict[str, str], root: Path,
+                configmap: Callable[[str], dict[str, str] | None]) -> Launch:
+    """The container's command (``command`` + ``args``) as a process here: each mounted
+    ConfigMap (its keys as files) and emptyDir is a folder under ``root``, and the arguments and
+    env values under a mount path are rewritten to it; the program (``python``) is mapped
+    through ``executables``. The image's own entrypoint is not known: a command is required."""
+    volumes = {v.get("name"): v for v in (pod.get("spec") or {}).get("volumes") or []}
+    mounts: dict[str, str] = {}
+    for m in c.get("volumeMounts") or []:
+        vol = volumes.get(m.get("name")) or {}
+        folder = root / str(m.get("name"))
+        folder.mkdir(parents=True, exist_ok=True)
+        if "configMap" in vol:
+            name = vol["configMap"].get("name", "")
+            data = configmap(name)
+            if data is None:
+                raise MountPending(f'MountVolume.SetUp failed for volume "{m.get("name")}" : '
+                                   f'configmap "{name}" not found')
+            for key, text in data.items():
+                (folder / key).write_text(text)
+        elif "emptyDir" not in vol:
+            raise ContainerError(f"volume {m.get('name')!r}: the emulated kubelet mounts configMap and "
+                                 "emptyDir volumes only", exit_code=1)
+        mounts[m["mountPath"].rstrip("/")] = str(folder)
+
+    def here(arg: str) -> str:
+        for path in sorted(mounts, key=len, reverse=True):
+            if arg == path or arg.startswith(path + "/"):
+                return mounts[path] + arg[len(path):]
+        return arg
+
+    argv = [*(c.get("command") or []), *(c.get("args") or [])]
+    if not argv:
+        raise ContainerError(f"image {c.get('image')!r}: no command (the image's entrypoint is not emulated)")
+    env = {e["name"]: here(str(e["value"])) for e in c.get("env") or [] if "value" in e}
+    return Launch("host", [executables.get(argv[0], argv[0]), *(here(a) for a in argv[1:])], env=env,
+                  details={"mounts": mounts})

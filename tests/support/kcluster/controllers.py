@@ -1,5 +1,5 @@
 """The control plane's controllers, one pass at a time: namespace deletion, the garbage
-collector, the Deployment and ReplicaSet controllers, the scheduler and the node lifecycle.
+collector, the Deployment, ReplicaSet and Job controllers, the scheduler and the node lifecycle.
 
 Deployments own ReplicaSets ``<deployment>-<pod-template-hash>`` which own the pods
 ``<replicaset>-<5 chars>`` (ownerReferences with ``controller: true``), as on a real cluster;
@@ -7,6 +7,13 @@ pods carry the template's labels plus ``pod-template-hash``. Both update strateg
 pods before new ones start (Recreate's behaviour). Pod creation can be refused by an injected
 admission rule (Pod Security, quota): the ReplicaSet then gets ``ReplicaFailure`` /
 ``FailedCreate`` and a Warning event ``FailedCreate``, and the Deployment the same condition.
+
+Jobs (``job``) own pods ``<job>-<5 chars>``: one at a time (parallelism and completions 1, the
+only shape modelled), replaced while failures stay within ``backoffLimit``; a pod that
+succeeded makes the Job ``SuccessCriteriaMet`` then ``Complete``; too many failures
+(``BackoffLimitExceeded``) or ``activeDeadlineSeconds`` (``DeadlineExceeded``: its active pod is
+deleted) make it ``FailureTarget`` then ``Failed`` once no pod runs (Kubernetes 1.31's order);
+``ttlSecondsAfterFinished`` deletes a finished Job (Background: its pods go too).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import copy
 import hashlib
 import json
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 from tests.support.kcluster.objects import RESOURCES, ApiError, now
@@ -110,6 +118,7 @@ class Controllers:
         self.api = cluster.apiserver
         self.rng = random.Random(7)
         self._sched_msgs: dict[str, str] = {}  # pod uid -> last FailedScheduling message
+        self._job_clock: dict[str, tuple[float, float | None]] = {}  # job uid -> (started, finished), monotonic
 
     def sync(self) -> None:
         self.namespaces()
@@ -121,6 +130,9 @@ class Controllers:
         for rs in self.api.obj_list("replicasets"):
             if not deleting(rs):
                 self.replicaset(rs)
+        for job in self.api.obj_list("jobs"):
+            if not deleting(job):
+                self.job(job)
         self.scheduler()
         for dep in self.api.obj_list("deployments"):
             self.deployment_status(dep)
@@ -331,6 +343,89 @@ class Controllers:
             dep = copy.deepcopy(dep)
             dep["status"] = status
             self.api.obj_put(dep, "deployments")
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    def job(self, job: Obj) -> None:
+        meta, spec = job["metadata"], job.get("spec") or {}
+        ns, uid = meta["namespace"], meta["uid"]
+        old_status = job.get("status") or {}
+        conds = {c["type"]: c for c in old_status.get("conditions") or []}
+        t = time.monotonic()
+        started, finished = self._job_clock.setdefault(uid, (t, None))
+        if "Complete" in conds or "Failed" in conds:
+            ttl = spec.get("ttlSecondsAfterFinished")
+            if ttl is not None and finished is not None and t - finished >= float(ttl):
+                self.api.obj_delete("jobs", ns, meta["name"], "Background")
+                self._job_clock.pop(uid, None)
+            return
+        pods = self._owned("pods", ns, uid)
+        phase = [(p.get("status") or {}).get("phase") for p in pods]
+        succeeded, failed = phase.count("Succeeded"), phase.count("Failed")
+        active = [p for p, ph in zip(pods, phase, strict=True) if ph not in ("Succeeded", "Failed") and not deleting(p)]
+        target = conds.get("FailureTarget") or conds.get("SuccessCriteriaMet")
+        deadline = spec.get("activeDeadlineSeconds")
+        if target is None:
+            if succeeded >= int(spec.get("completions", 1)):
+                target = {"type": "SuccessCriteriaMet", "status": "True", "reason": "CompletionsReached",
+                          "message": "Reached expected number of succeeded pods"}
+            elif failed > int(spec.get("backoffLimit", 6)):
+                target = {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                          "message": "Job has reached the specified backoff limit"}
+            elif deadline is not None and t - started >= float(deadline):
+                target = {"type": "FailureTarget", "status": "True", "reason": "DeadlineExceeded",
+                          "message": "Job was active longer than specified deadline"}
+            if target is not None and target["type"] == "FailureTarget":
+                for p in active:
+                    self.api.obj_delete("pods", ns, p["metadata"]["name"])
+                self.api.record_event(job, target["reason"], target["message"], "Warning", component="job-controller")
+        if target is None and not active:
+            self._job_pod(job)
+        new_conds = [target] if target is not None else []
+        running = [p for p, ph in zip(pods, phase, strict=True) if ph not in ("Succeeded", "Failed")
+                   and self.api.obj_get("pods", ns, p["metadata"]["name"]) is not None]
+        if target is not None and not running:  # the end, once no pod of the Job runs
+            final = "Complete" if target["type"] == "SuccessCriteriaMet" else "Failed"
+            new_conds.append({**target, "type": final})
+            self._job_clock[uid] = (started, t)
+            if final == "Complete":
+                self.api.record_event(job, "Completed", "Job completed", component="job-controller")
+        status: Obj = {"startTime": old_status.get("startTime") or now(), "active": len(active),
+                       "succeeded": succeeded, "failed": failed, "ready": sum(is_ready(p) for p in active),
+                       "uncountedTerminatedPods": {}}
+        for k in ("active", "succeeded", "failed"):
+            if not status[k]:
+                del status[k]  # the API server omits zero counts
+        if new_conds:
+            status["conditions"] = merge_conditions(old_status.get("conditions") or [], new_conds)
+        if any(c["type"] == "Complete" for c in new_conds):
+            status["completionTime"] = now()
+        if status != old_status:
+            job = copy.deepcopy(job)
+            job["status"] = status
+            self.api.obj_put(job, "jobs")
+
+    def _job_pod(self, job: Obj) -> None:
+        meta = job["metadata"]
+        ns = meta["namespace"]
+        tpl = (job.get("spec") or {}).get("template") or {}
+        refusal = self.c.admission_refusal(ns, meta["name"], tpl)
+        if refusal is not None:
+            self.api.record_event(job, "FailedCreate", f"Error creating: {refusal}", "Warning", component="job-controller")
+            return
+        name = f"{meta['name']}-{rand5(self.rng)}"
+        pod_spec = copy.deepcopy(tpl.get("spec") or {})
+        self.api.obj_create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "generateName": f"{meta['name']}-", "namespace": ns,
+                         "labels": dict((tpl.get("metadata") or {}).get("labels") or {}),
+                         "annotations": dict((tpl.get("metadata") or {}).get("annotations") or {}),
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": pod_spec,
+            "status": {"phase": "Pending", "qosClass": qos_class(pod_spec)},
+        }, "pods")
+        self.api.record_event(job, "SuccessfulCreate", f"Created pod: {name}", component="job-controller")
 
     # -- the scheduler ---------------------------------------------------------------------------
 

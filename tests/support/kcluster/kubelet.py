@@ -5,6 +5,9 @@ the kubelet writes it (phase, conditions, containerStatuses with image, imageID,
 restartCount, ready) with the kubelet's events (Pulling, Pulled, Created, Started, Failed,
 BackOff, Killing, Unhealthy).
 
+A pod whose restartPolicy is Never (or OnFailure, once its container exits 0) keeps its
+container terminated: the pod ends Succeeded (every exit 0) or Failed, as a Job's pod does.
+
 Time is compressed: probe periods, pull and restart back-offs use the cluster's short settings,
 while messages show the real kubelet's figures (``back-off 10s restarting failed container``).
 """
@@ -31,7 +34,9 @@ import aiohttp
 from tests.support.kcluster.containers import (
     ContainerError,
     Launch,
+    MountPending,
     container_env,
+    host_launch,
     is_router,
     is_vllm,
     router_launch,
@@ -81,6 +86,7 @@ class ContainerRun:
     crash_forever: bool = False
     killed_by_us: bool = False
     log_path: Path | None = None
+    finished: bool = False  # terminated for good (restartPolicy Never / OnFailure after exit 0)
 
 
 @dataclass
@@ -204,6 +210,8 @@ class Kubelet:
         self._write_status(run, pod)
 
     async def _step_container(self, run: PodRun, pod: Obj, cr: ContainerRun, t: float) -> None:
+        if cr.finished:
+            return
         if not cr.pulled:
             if t < cr.next_at:
                 return
@@ -281,13 +289,22 @@ class Kubelet:
             return
         try:
             node = self.api.obj_get("nodes", None, run.node) or {}
-            if is_vllm(cr.spec):
+            host = self.c.host_executables(cr.image)
+            if host is not None:
+                launch = host_launch(cr.spec, pod, host, self.logs.parent / "volumes" / run.uid,
+                                     lambda name: self._configmap(run.namespace, name))
+            elif is_vllm(cr.spec):
                 launch = vllm_launch(cr.spec, pod, node, run.ip or "")
             elif is_router(cr.spec):
                 launch = router_launch(cr.spec, run.ip or "", self.c.kubeconfig)
             else:
                 raise ContainerError(f"the emulated kubelet cannot run image {cr.image!r} "
                                      "(it runs vllm-openai and vllm-router images)", exit_code=1)
+        except MountPending as e:  # not created yet: the kubelet retries the mount
+            cr.state = {"waiting": {"reason": "ContainerCreating"}}
+            self.api.record_event(pod, "FailedMount", e.message, "Warning", host=run.node)
+            cr.next_at = t + self.c.restart_backoff_s
+            return
         except ContainerError as e:
             log = self._log_path(run, cr)
             log.write_text(e.message + "\n")
@@ -325,6 +342,16 @@ class Kubelet:
                 "finishedAt": finished, "containerID": cr.container_id}
         if message and cr.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             term["message"] = message
+        policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+        if policy == "Never" or (policy == "OnFailure" and code == 0):  # not restarted: terminated for good
+            if code != 0 and not message and cr.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                log = cr.log_path.read_text(errors="replace") if cr.log_path and cr.log_path.exists() else ""
+                if log.strip():
+                    term["message"] = "\n".join(log.strip().splitlines()[-80:])
+            cr.state = {"terminated": term}
+            cr.finished = True
+            cr.ready = cr.started = False
+            return
         cr.last_state = {"terminated": term}
         cr.restarts += 1
         cr.ready = False
@@ -404,6 +431,10 @@ class Kubelet:
 
     # -- status ---------------------------------------------------------------------------------
 
+    def _configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        cm = self.api.obj_get("configmaps", namespace, name)
+        return None if cm is None else {k: str(v) for k, v in (cm.get("data") or {}).items()}
+
     def _log_path(self, run: PodRun, cr: ContainerRun) -> Path:
         return self.logs / f"{run.namespace}_{run.name}_{cr.name}_{cr.restarts}.log"
 
@@ -412,6 +443,9 @@ class Kubelet:
         if run is None or not run.containers:
             return None
         cr = run.containers.get(container or "") or next(iter(run.containers.values()))
+        if cr.finished and not previous:  # terminated for good: its one log
+            path = self.logs / f"{namespace}_{pod}_{cr.name}_{cr.restarts}.log"
+            return path.read_text(errors="replace") if path.exists() else None
         # The current instance's log, or, while it waits to restart, the last one's (as kubectl
         # logs shows a crash-looping container); --previous: the last terminated instance.
         n = cr.restarts - 1 if previous or cr.proc is None else cr.restarts
@@ -441,7 +475,8 @@ class Kubelet:
 
     def pod_status(self, run: PodRun, old: Obj) -> Obj:
         ready = bool(run.containers) and all(c.ready for c in run.containers.values())
-        ever_ran = any(c.launch is not None or c.restarts for c in run.containers.values())
+        ever_ran = any(c.launch is not None or c.restarts or c.finished for c in run.containers.values())
+        done = bool(run.containers) and all(c.finished for c in run.containers.values())
         sched = next((c for c in old.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
         conditions = [
             self._cond(run, "PodReadyToStartContainers", run.ip is not None),
@@ -460,7 +495,15 @@ class Kubelet:
             if cr.container_id:
                 cs["containerID"] = cr.container_id
             statuses.append(cs)
-        out: Obj = {"phase": "Running" if ever_ran else "Pending", "conditions": conditions,
+        phase = "Running" if ever_ran else "Pending"
+        if done:
+            ok = all(c.state["terminated"].get("exitCode") == 0 for c in run.containers.values())
+            phase = "Succeeded" if ok else "Failed"
+            for cond in conditions:
+                if cond["type"] in ("Ready", "ContainersReady"):
+                    cond["reason"] = "PodCompleted"
+                    cond.pop("message", None)
+        out: Obj = {"phase": phase, "conditions": conditions,
                     "hostIP": run.host_ip, "hostIPs": [{"ip": run.host_ip}],
                     "qosClass": old.get("qosClass", "Burstable"), "containerStatuses": statuses}
         if run.ip:

@@ -56,6 +56,7 @@ RESOURCES: dict[str, Res] = {r.plural: r for r in [
     Res("deployments", "Deployment", "apps", "v1", True),
     Res("replicasets", "ReplicaSet", "apps", "v1", True),
     Res("statefulsets", "StatefulSet", "apps", "v1", True),
+    Res("jobs", "Job", "batch", "v1", True),
     Res("roles", "Role", "rbac.authorization.k8s.io", "v1", True),
     Res("rolebindings", "RoleBinding", "rbac.authorization.k8s.io", "v1", True),
     Res("clusterroles", "ClusterRole", "rbac.authorization.k8s.io", "v1", False),
@@ -64,7 +65,7 @@ RESOURCES: dict[str, Res] = {r.plural: r for r in [
 ]}
 KIND_TO_PLURAL = {r.kind: r.plural for r in RESOURCES.values()}
 # Kinds whose spec changes bump metadata.generation.
-GENERATION_KINDS = {"deployments", "replicasets", "statefulsets", "services", "persistentvolumeclaims"}
+GENERATION_KINDS = {"deployments", "replicasets", "statefulsets", "jobs", "services", "persistentvolumeclaims"}
 
 
 def now() -> str:

@@ -1,0 +1,103 @@
+"""A plan of three arms, end to end as a user runs it (`orch run examples/three-arms.yaml` on
+the simulated backend): every block runs all three arms in the rows of a Williams design, each
+bar is judged from its own pair of arms, and Holm covers all three bars."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from orchestrator.analysis.williams import is_balanced, williams_orders
+from orchestrator.plan import load_plan_file
+from orchestrator.report import write_report
+from orchestrator.store import Store
+from tests.e2e.helpers import ROOT
+
+pytestmark = pytest.mark.timeout(900)
+
+PLAN = ROOT / "examples" / "three-arms.yaml"
+
+
+def orch(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=900)
+
+
+def test_three_arms_run_in_a_williams_order_and_holm_covers_every_bar(tmp_path) -> None:
+    plan = load_plan_file(PLAN)
+    env = {"ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}", "ORCH_STATE_DIR": str(tmp_path / "state"),
+           "ORCH_SKIP_CALIBRATION": "1", "ORCH_CACHE_DIR": str(tmp_path / "cache")}
+    r = orch("run", str(PLAN), "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    runs = doc["runs"]
+
+    # The order: every block ran A, B and C back to back, in the Williams rows of 3 arms
+    # (6 rows: every arm at every position, and right after every other arm, twice). Every
+    # attempt, retries included, ran at its arm's registered position in its block.
+    expected = williams_orders(["A", "B", "C"], plan.design.blocks)
+    assert expected == [tuple(s) for s in ("ABC", "BCA", "CAB", "CBA", "ACB", "BAC")] and is_balanced(expected)
+    assert {(x["block"], x["arm"]) for x in runs} == {(b, a) for b in range(6) for a in "ABC"}
+    assert all(x["position"] == expected[x["block"]].index(x["arm"]) for x in runs)
+    started = sorted(runs, key=lambda x: x["id"])  # in the order they ran
+    firsts = [next(x for x in started if x["block"] == b and x["arm"] == a) for b, o in enumerate(expected) for a in o]
+    assert [x["id"] for x in firsts] == sorted(x["id"] for x in firsts)
+
+    # Every bar has a verdict that names its pair. A short simulated point can fail a guard
+    # more often than its retries allow (on a loaded 2-core machine): such a block is dropped
+    # from the bars of its arm, with why, and the rest still judged; most blocks count.
+    verdicts = {v["bar"]: v for v in doc["verdicts"]}
+    assert {b: v["compare"] for b, v in verdicts.items()} == {"two-replicas": "B/A", "h200-pair": "C/A", "h200-vs-h100": "C/B"}
+    valid = {(x["block"], x["arm"]) for x in runs if x["valid"]}
+    for v in verdicts.values():
+        num, den = v["compare"].split("/")
+        assert v["blocks_used"] == [b for b in range(6) if (b, num) in valid and (b, den) in valid]
+        assert [d["block"] for d in v["dropped"]] == [b for b in range(6) if b not in v["blocks_used"]]
+        assert v["label"].startswith(v["compare"] + " ")
+    assert len(valid) >= 15, [(x["block"], x["arm"], x["reason"]) for x in runs if not x["valid"]]
+
+    # Holm over all three bars (family level 90%): the bar with the smallest ACCEPT p-value is
+    # tested at alpha/3, the next at alpha/2, the last at alpha - each once, whatever the pair.
+    levels = {}
+    for v in verdicts.values():
+        m = re.search(r"Holm-adjusted over (\d) bars at family level 90%: ACCEPT tested at ([\d.]+)% \(rank (\d) of 3\)",
+                      v["label"])
+        assert m, v["label"]
+        assert m.group(1) == "3"
+        levels[int(m.group(3))] = float(m.group(2))
+    assert levels == pytest.approx({1: 100 * (1 - 0.1 / 3), 2: 100 * (1 - 0.1 / 2), 3: 100 * (1 - 0.1)}, abs=0.01)
+
+    # The verdict as the user reads it: the pair in the line, not a hard-coded B/A.
+    text = orch("verdict", doc["experiment"]["name"], env=env)
+    assert text.returncode == 0, text.stderr
+    for bar, v in verdicts.items():
+        assert f"  {bar}: {v['verdict']}  {v['compare']} capacity [standard]" in text.stdout, text.stdout
+
+    status = json.loads(orch("status", doc["experiment"]["name"], "--json", env=env).stdout)["experiments"][0]
+    assert (status["runs_valid"], status["runs_planned"]) == (len(valid), 18)
+
+    # What the store holds: the runs in Williams order, one verdict per bar with its pair; the
+    # report's bar table names each pair.
+    with Store.open(env["ORCH_DATABASE_URL"]) as store:
+        exp_id = doc["experiment"]["id"]
+        stored = [x for x in store.runs(exp_id) if x.valid]
+        assert Counter((x.block, x.arm, x.position) for x in stored) == Counter(
+            (b, a, expected[b].index(a)) for b, a in valid)
+        # The back-to-back guard judged each complete block's three runs together (and passed).
+        whole = [b for b in range(6) if all((b, a) in valid for a in "ABC")]
+        b2b = [g for x in stored for g in store.guard_results(x.id) if g.name == "back_to_back"]
+        assert len(b2b) == 3 * len(whole) and all(g.passed for g in b2b) and "3 runs alike" in b2b[0].detail
+        assert sorted(v.bar_id for v in store.verdicts(exp_id)) == sorted(verdicts)
+        assert {v.bar_id: v.evidence["compare"] for v in store.verdicts(exp_id)} == {
+            b: v["compare"] for b, v in verdicts.items()}
+        index = write_report(store, exp_id, tmp_path / "report")
+    page = html.unescape(index.read_text())
+    for pair, at_least in (("B/A", 1.2), ("C/A", 1.5), ("C/B", 1.05)):
+        assert f"<td>{pair} >= {at_least}</td>" in page
