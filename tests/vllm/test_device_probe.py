@@ -16,7 +16,7 @@ import yaml
 from orchestrator.backends.vllm_env import VllmEnv
 from tests.vllm.conftest import ROOT, tiny_plan
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
 
 def orch(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,9 +40,12 @@ def test_probe_fit_and_simulate_with_the_profile(tmp_path: Path) -> None:
 
     plan = tiny_plan({"A": {"layout": "colocated", "replicas": 1}, "B": {"layout": "colocated", "replicas": 2}})
     data = plan.model_dump(mode="json", by_alias=True, exclude_none=True)
-    # Short virtual points and a rate range wide enough for a CPU's capacity to fall inside it.
-    data["search"] = {"rate": {"min": 1, "max": 1500}, "precision": 0.2, "point_s": 1, "warmup_s": 0.5,
-                      "cooldown_s": 0.5, "max_points": 5, "use_prior": False}
+    # Short virtual points. The range must hold this CPU's knee well inside it: with the corrected
+    # step model a 2-core CPU serves the tiny model at about 1,400 req/s (1,500 was the old top, so
+    # a quiet machine's profile hit it just as the datasheet did and the two read the same), while
+    # the datasheet H200 runs past 5,000 (censored above; its knee near 17,000 costs 40 s to find).
+    data["search"] = {"rate": {"min": 1, "max": 5000}, "precision": 0.2, "point_s": 1, "warmup_s": 0.5,
+                      "cooldown_s": 0.5, "max_points": 8, "use_prior": False}
     data["design"]["blocks"] = 2
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -57,7 +60,7 @@ def test_probe_fit_and_simulate_with_the_profile(tmp_path: Path) -> None:
     measured, notes_p = capacity("--profile", str(profile))
     assert not any("device profile" in n for n in notes)
     assert any(n.startswith("arm A: device profile") for n in notes_p)
-    # A CPU is not an H200: the profile's capacity is below the datasheet's. By how much depends
-    # on what else this machine runs while the probe measures (0.81x in one CI run, under 0.8x in
-    # others), so the test asks for a clear change, not a figure.
+    # A CPU is not an H200: the profile's capacity is below the datasheet's (0.28x on an idle 2-core
+    # machine). By how much depends on what else this machine runs while the probe measures, so the
+    # test asks for a clear change, not a figure.
     assert measured["capacity_tok_s"] < 0.95 * sheet["capacity_tok_s"], (measured, sheet)
