@@ -7,10 +7,14 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support import postgres
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
 
 TIERS = ("unit", "integration", "e2e", "vllm")
 # `make test` builds the vLLM environment first (`make vllm`), so under CI a skipped real-engine
@@ -142,3 +146,18 @@ def db_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A Store on SQLite at tmp_path/orch.sqlite (where a test's subprocess can find it too), closed
+    after the test. Modules that test both databases define their own `store` over `db_url`."""
+    from orchestrator.store import (
+        Store,  # here, so the unit tier's collection imports no SQLAlchemy
+    )
+
+    s = Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}")
+    try:
+        yield s
+    finally:
+        s.close()

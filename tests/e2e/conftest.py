@@ -1,22 +1,11 @@
-"""e2e fixtures: a fresh SQLite store and state directory per test, nothing shared."""
+"""e2e fixtures: a fresh state directory per test (the fresh SQLite `store` is tests/conftest.py's),
+nothing shared."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from orchestrator.store import Store
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the null server, and a search point on the simulated backend far past its knee."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,15 +46,6 @@ def test_stop_signal_ends_sending_and_records_every_request() -> None:
     assert all("stopped early" in (r.error or "") for r in unsent)
     assert all(r.error == STOPPED_EARLY for r in unsent)
     assert len(asked) >= 5
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def test_a_point_far_past_the_knee_ends_early_and_fails_like_the_full_one(store: Store, tmp_path: Path,

@@ -4,7 +4,6 @@ is stored and retried after its ``delay``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,6 @@ SHORT_SEARCH = {"rate": {"min": 1, "max": 4}, "precision": 0.25, "point_s": 2, "
 DESIGN = {"blocks": 1, "order": "ABBA", "seed": 5, "max_retries": 2}  # retries allowed: none may be used for a 403
 
 kcluster = cluster_fixture(name="kcluster")
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ a partial count and attainment before the point ends, and the last figure is the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ class Recording(PlainProgress):
 
     def point_progress(self, so_far: SoFar) -> None:
         self.seen.append((time.time(), so_far))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def test_a_running_point_reports_partial_attainment_before_it_ends(store: Store, tmp_path: Path,

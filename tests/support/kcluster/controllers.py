@@ -91,6 +91,23 @@ def qos_class(spec: Obj) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
+def pod_from_template(tpl: Obj, name: str, owner: Obj) -> Obj:
+    """A Pending pod made from a workload's pod template, owned (as its controller) by `owner`."""
+    meta = owner["metadata"]
+    tpl_meta = tpl.get("metadata") or {}
+    pod_spec = copy.deepcopy(tpl.get("spec") or {})
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "generateName": f"{meta['name']}-", "namespace": meta["namespace"],
+                     "labels": dict(tpl_meta.get("labels") or {}),
+                     "annotations": dict(tpl_meta.get("annotations") or {}),
+                     "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+                                          "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "qosClass": qos_class(pod_spec)},
+    }
+
+
 def merge_conditions(old: list[Obj], new: list[Obj], with_update_time: bool = False) -> list[Obj]:
     """``new`` conditions keeping the transition (and update) times of unchanged ones."""
     before = {c.get("type"): c for c in old or []}
@@ -261,18 +278,7 @@ class Controllers:
                     self.api.record_event(rs, "FailedCreate", f"Error creating: {refusal}", "Warning",
                                           component="replicaset-controller")
                     break
-                pod_spec = copy.deepcopy(tpl.get("spec") or {})
-                self.api.obj_create({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": name, "generateName": f"{meta['name']}-", "namespace": ns,
-                                 "labels": dict((tpl.get("metadata") or {}).get("labels") or {}),
-                                 "annotations": dict((tpl.get("metadata") or {}).get("annotations") or {}),
-                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                                      "name": meta["name"], "uid": meta["uid"],
-                                                      "controller": True, "blockOwnerDeletion": True}]},
-                    "spec": pod_spec,
-                    "status": {"phase": "Pending", "qosClass": qos_class(pod_spec)},
-                }, "pods")
+                self.api.obj_create(pod_from_template(tpl, name, rs), "pods")
                 self.api.record_event(rs, "SuccessfulCreate", f"Created pod: {name}", component="replicaset-controller")
         elif len(pods) > want:
             victims = sorted(pods, key=lambda p: (is_ready(p), bool(p["spec"].get("nodeName")),
@@ -414,17 +420,7 @@ class Controllers:
             self.api.record_event(job, "FailedCreate", f"Error creating: {refusal}", "Warning", component="job-controller")
             return
         name = f"{meta['name']}-{rand5(self.rng)}"
-        pod_spec = copy.deepcopy(tpl.get("spec") or {})
-        self.api.obj_create({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "generateName": f"{meta['name']}-", "namespace": ns,
-                         "labels": dict((tpl.get("metadata") or {}).get("labels") or {}),
-                         "annotations": dict((tpl.get("metadata") or {}).get("annotations") or {}),
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
-                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
-            "spec": pod_spec,
-            "status": {"phase": "Pending", "qosClass": qos_class(pod_spec)},
-        }, "pods")
+        self.api.obj_create(pod_from_template(tpl, name, job), "pods")
         self.api.record_event(job, "SuccessfulCreate", f"Created pod: {name}", component="job-controller")
 
     # -- the scheduler ---------------------------------------------------------------------------
