@@ -370,7 +370,8 @@ class Executor:
         p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat, dep.key.attempt)
         points.setdefault(rate, []).append(p)
         att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
-        self.progress.point_done(f"{rate:.3g} req/s: attainment {att}" + ("" if p.valid else "  [guard failed]"))
+        stopped = "" if p.early_stop is None else f"  [stopped early at {p.early_stop.at_s:.1f} s: past capacity]"
+        self.progress.point_done(f"{rate:.3g} req/s: attainment {att}{stopped}" + ("" if p.valid else "  [guard failed]"))
         self._check_server(dep, p)
         if not p.valid:
             failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)

@@ -93,6 +93,7 @@ class PointOutcome:
     records: list[RequestRecord] = field(repr=False, default_factory=list)
     stored: int = 0
     spooled: bool = False
+    early_stop: EarlyStop | None = None  # why it stopped sending before its window ended
 
     @property
     def valid(self) -> bool:
@@ -509,4 +510,4 @@ class PointRunner:
         samples = [(t, x.name, x.labels, x.value) for t, snap in snapshots for x in snap
                    if x.name.startswith("vllm:")]
         self.store.record_metric_samples(run_id, point_id, samples)
-        return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed)
+        return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed, early)
