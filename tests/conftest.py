@@ -161,3 +161,43 @@ def store(tmp_path: Path) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+class SocketOpened(AssertionError):
+    """A virtual-time test opened a network socket or started a process."""
+
+
+@pytest.fixture
+def no_sockets(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Fails the test if it connects or binds a socket, or starts a process: the control-logic
+    tests run in virtual time, with no server, router, load generator, Ray or subprocess. (The
+    store's database is SQLite here; libpq's own sockets would not be seen.) Yields the refused
+    attempts, which must stay empty."""
+    import socket
+    import subprocess
+
+    refused: list[str] = []
+
+    def refuse(what: str) -> None:
+        refused.append(what)
+        raise SocketOpened(f"a virtual-time test tried to {what}")
+
+    def connect(self: socket.socket, address: object) -> None:
+        refuse(f"connect a socket to {address!r}")
+
+    def connect_ex(self: socket.socket, address: object) -> int:
+        refuse(f"connect a socket to {address!r}")
+        return 1
+
+    def bind(self: socket.socket, address: object) -> None:
+        refuse(f"bind a socket to {address!r}")
+
+    def popen(*args: object, **kwargs: object) -> None:
+        refuse(f"start a process {args[1] if len(args) > 1 else kwargs.get('args')!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket.socket, "bind", bind)
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    yield refused
+    assert not refused, f"a virtual-time test opened sockets or processes: {refused}"

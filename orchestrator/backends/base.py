@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
+from orchestrator.loadgen.driver import HTTP_DRIVER, LoadDriver
 from orchestrator.plan import Plan
 
 # Default start-up budget of a backend whose servers start in seconds (sim, external).
@@ -158,6 +159,8 @@ class Deployment:
     endpoint: Endpoint
     fingerprint: Fingerprint
     handles: dict[str, Any] = field(default_factory=dict, repr=False)  # backend-private (pids, secrets)
+    # How a point's load reaches it: HTTP on the wall clock, or the virtual backend's own clock.
+    driver: LoadDriver = field(default=HTTP_DRIVER, repr=False)
 
 
 @runtime_checkable

@@ -88,7 +88,7 @@ def _check_power(plan, yes: bool, allow_low_power: bool) -> None:
 @app.command("run")
 def run(
     file: Path = typer.Argument(..., help="Plan file (YAML)."),
-    backend: str | None = typer.Option(None, "--backend", help="sim | local | kubernetes (default: the plan's)."),
+    backend: str | None = typer.Option(None, "--backend", help="sim | virtual | local | kubernetes (default: the plan's)."),
     blocks: int | None = typer.Option(None, "--blocks", min=1, max=100, help="Run only the first N blocks now (at most 100, as design.blocks)."),
     new: bool = typer.Option(False, "--new", help="Start a new experiment instead of resuming."),
     name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),

@@ -3,7 +3,6 @@ measure, guard. The executor decides which rates; this measures one."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -25,10 +24,9 @@ from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
-from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, run_closed_loop, run_point
+from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases, shards_needed
 from orchestrator.loadgen.scrape import Sample, parse_metrics
-from orchestrator.loadgen.sessions import run_sessions
 from orchestrator.loadgen.workloads import (
     RequestSpec,
     expected_prefix_hit_rate,
@@ -198,12 +196,14 @@ class DuringScraper:
             self.snapshots.append((time.time(), scrape_samples(self.backend, self.dep)))
 
     def __enter__(self) -> DuringScraper:
-        self._thread.start()
+        if self.dep.driver.realtime:  # a virtual point ends before the first scrape is due
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
 
 def drain_seconds(plan: Plan) -> float:
@@ -269,22 +269,23 @@ class PointRunner:
         if closed is not None:
             # The plan's own users for a few seconds: the load a closed-loop point will bring.
             taken: list[RequestSpec] = []
-            asyncio.run(run_closed_loop(
+            dep.driver.closed_loop(
                 dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
                 users=closed.users, think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
-                duration_s=seconds, warmup_s=seconds, api=plan.workload.api,
-                request_timeout_s=drain_seconds(plan), headers=dict(dep.endpoint.headers)))
+                duration_s=seconds, warmup_s=seconds, measure_s=None, api=plan.workload.api, sink=None,
+                request_timeout_s=drain_seconds(plan), deadline_s=None, keep_records=False,
+                headers=dict(dep.endpoint.headers))
             self._saw(taken)
             settle(self.backend, dep)
             return
         offsets, requests = _data(point_load, plan.workload, max(s.rate.min, 2.0 / seconds), seconds, seed)
         if len(offsets) == 0:
             return
-        asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
-                              ["warmup"] * len(offsets), api=plan.workload.api,
-                              request_timeout_s=seconds + drain_seconds(plan),
-                              deadline_s=seconds + drain_seconds(plan),
-                              headers=dict(dep.endpoint.headers)))
+        dep.driver.open_loop(dep.endpoint.url, dep.endpoint.model, requests, offsets,
+                             ["warmup"] * len(offsets), api=plan.workload.api, sink=None,
+                             request_timeout_s=seconds + drain_seconds(plan),
+                             deadline_s=seconds + drain_seconds(plan), keep_records=False,
+                             headers=dict(dep.endpoint.headers))
         self._saw(requests)
         settle(self.backend, dep)
 
@@ -344,8 +345,8 @@ class PointRunner:
                 summary = _run_sharded(dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
                                        shards, kwargs)
             else:
-                summary = asyncio.run(run_point(dep.endpoint.url, dep.endpoint.model, requests, offsets,
-                                                phases, **kwargs))
+                summary = dep.driver.open_loop(dep.endpoint.url, dep.endpoint.model, requests, offsets,
+                                               phases, **kwargs)
         loop = {"kind": "open", "shards": shards, "per_shard_ceiling_rps": self.ceiling} if shards > 1 else None
         early = stops[0] if stops and "stopped_at" in summary.extra else None
         return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
@@ -395,14 +396,14 @@ class PointRunner:
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            summary = asyncio.run(run_sessions(
+            summary = dep.driver.sessions(
                 dep.endpoint.url, dep.endpoint.model, plan.workload, starts, seed=seed,
                 duration_s=duration, warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
                 sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
                 request_timeout_s=duration + drain_seconds(plan),
                 deadline_s=duration + drain_seconds(plan), keep_records=True,
                 headers=dict(dep.endpoint.headers), sent=sent,
-            ))
+            )
         sent.sort(key=lambda spec: spec.request_id)
         return self._conclude(dep, run_id, arm, point_id, rate, search_class, sent, summary, sink,
                               before, before_t, during, started, seed, offered_rate=None,
@@ -429,7 +430,7 @@ class PointRunner:
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
         with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            summary = asyncio.run(run_closed_loop(
+            summary = dep.driver.closed_loop(
                 dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
                 users=closed.users,
                 think_s=closed.think_s, ramp_up_s=closed.ramp_up_s, duration_s=duration,
@@ -437,7 +438,7 @@ class PointRunner:
                 sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
                 request_timeout_s=drain_seconds(plan) + duration, deadline_s=duration + drain_seconds(plan),
                 keep_records=True, headers=dict(dep.endpoint.headers),
-            ))
+            )
         return self._conclude(dep, run_id, arm, point_id, 0.0, None, taken, summary, sink, before,
                               before_t, during, started, seed, offered_rate=None,
                               loop={"kind": "closed", "users": closed.users})

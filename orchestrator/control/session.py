@@ -28,11 +28,11 @@ def state_dir() -> Path:
     return path
 
 
-BACKENDS = ("sim", "local", "kubernetes", "external")
+BACKENDS = ("sim", "virtual", "local", "kubernetes", "external")
 # Backends whose arms run on the plan's GPU type, where the simulator's prediction is a fair
 # prior for the capacity search (the local backend may run vLLM's CPU build; external arms
 # run on hardware the plan only describes).
-PRIOR_BACKENDS = ("sim", "kubernetes")
+PRIOR_BACKENDS = ("sim", "virtual", "kubernetes")
 
 
 def make_backend(name: str, root: Path) -> Backend:
@@ -42,6 +42,10 @@ def make_backend(name: str, root: Path) -> Backend:
         from orchestrator.backends.sim import SimBackend
 
         return SimBackend(root / "sim")
+    if name == "virtual":
+        from orchestrator.backends.virtual import VirtualBackend
+
+        return VirtualBackend()
     if name == "local":
         try:
             from orchestrator.backends.local import LocalBackend
@@ -147,8 +151,11 @@ def build_executor(
     foreground and for the Ray controller's experiment task."""
     chosen = choose_backend(plan, backend)
     be = backend_obj or make_backend(chosen, root)
-    ceiling = generator_ceiling(plan, root)
-    if ceiling is not None:
+    # A virtual point is never sent late: there is no generator to calibrate.
+    ceiling = generator_ceiling(plan, root) if be.name != "virtual" else None
+    if be.name == "virtual":
+        progress.note("virtual time: the simulated engine on its own clock (no servers, no load generator)")
+    elif ceiling is not None:
         progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
     elif os.environ.get("ORCH_SKIP_CALIBRATION") != "1":
         progress.note("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); "

@@ -53,7 +53,7 @@ ModelRef = Annotated[
 ClassRef = Annotated[
     ServiceClass, BeforeValidator(_resolve_class, json_schema_input_type=ClassName | ServiceClass)
 ]
-Backend = Literal["sim", "local", "kubernetes", "external"]
+Backend = Literal["sim", "virtual", "local", "kubernetes", "external"]
 
 # Arms are named by consecutive capital letters from A (A conventionally the baseline); two
 # arms (A and B) is the simple case, every arm runs once in every block.
@@ -300,7 +300,8 @@ class Plan(StrictModel):
     guards: GuardThresholds = Field(default_factory=GuardThresholds, description="Validity guard thresholds.")
     backend: Backend = Field(
         default="sim",
-        description="Where arms run: sim, local or kubernetes; external: each arm's `endpoint`, already running.",
+        description="Where arms run: sim, local or kubernetes; virtual: the simulated engine in virtual "
+        "time (seconds per experiment, no servers); external: each arm's `endpoint`, already running.",
     )
     sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="Cluster settings (backend: kubernetes).")

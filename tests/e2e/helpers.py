@@ -6,7 +6,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestrator.backends.sim import SimBackend
+from orchestrator.backends.virtual import VirtualBackend
 from orchestrator.control.executor import Executor, ExecutorConfig, ExperimentOutcome
 from orchestrator.control.progress import PlainProgress
 from orchestrator.plan import Plan, validate_plan
@@ -33,7 +36,6 @@ BASE: dict[str, Any] = {
     "search": {"rate": {"min": 1, "max": 32}, "precision": 0.25, "point_s": 4, "warmup_s": 1,
                "cooldown_s": 0.5, "max_points": 3, "use_prior": False},
     "design": {"blocks": 1, "order": "ABBA", "seed": 5, "max_retries": 2},
-    "guards": {"max_send_lag_p99_ms": 50},
     "backend": "sim",
 }
 
@@ -46,6 +48,28 @@ def small_plan(**changes: Any) -> Plan:
 
 
 def run_in_process(store, plan: Plan, state: Path, faults=None, **config: Any) -> ExperimentOutcome:
+    """The plan on the sim backend, in real time (servers, router, load generator)."""
     backend = SimBackend(state / "sim", faults=faults)
     cfg = ExecutorConfig(state_dir=state, **config)
     return Executor(store, backend, cfg, PlainProgress()).run(plan)
+
+
+def run_virtual(store, plan: Plan, state: Path, faults=None, **config: Any) -> ExperimentOutcome:
+    """The plan in virtual time: the real executor, store, guards and verdicts; the simulated
+    engine's records on its own clock (no socket, no process, no sleep)."""
+    cfg = ExecutorConfig(state_dir=state, **config)
+    return Executor(store, VirtualBackend(faults=faults), cfg, PlainProgress()).run(plan)
+
+
+def orch_here(*args: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+              capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`orch ARGS` as a user runs it, in this process (so a virtual-time test's socket guard
+    sees everything it does): (exit code, stdout, stderr)."""
+    from orchestrator.cli.main import main
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
