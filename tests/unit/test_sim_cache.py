@@ -71,3 +71,58 @@ def test_eviction_is_least_recently_released_first_and_tail_first() -> None:
     assert mem.cached_blocks(a, 100) == 2 and mem.cached_blocks(b, 100) == 3
     mem.grow(2 * BLOCK_TOKENS)  # referenced blocks never leave; b's next two do
     assert mem.cached_blocks(a, 100) == 2 and mem.cached_blocks(b, 100) == 1
+
+
+def test_chain_memory_keeps_the_per_block_memory_block_for_block() -> None:
+    """ChainMemory (runs of chains) against KVMemory (a dict entry a block) on random admits,
+    prefills, growth and releases of sharing prompts under a small cache: same hits, same
+    usage after every operation."""
+    import random
+
+    from orchestrator.sim.engine.chains import ChainMemory
+
+    workload = Workload.model_validate({
+        "prompts": {"input_tokens": {"mean": 400, "dist": "lognormal", "sigma": 0.6},
+                    "shared_prefix": 0.3, "conversations": 8, "turns": 5},
+        "output_tokens": 30,
+    })
+    requests = build_requests(workload, 200, seed=5)
+    hasher = PromptHasher()
+    prompts = [(hasher.hashes(r.prompt, r.prompt_tokens, r.shared_prefix_tokens), r.prompt_tokens)
+               for r in requests]
+    rng = random.Random(2)
+    for capacity_blocks in (40, 120, 400):
+        per_block = KVMemory(capacity_blocks * BLOCK_TOKENS)
+        chained = ChainMemory(capacity_blocks * BLOCK_TOKENS)
+        running: list[tuple[int, int, bool]] = []  # (prompt, held blocks, published)
+        for _ in range(3000):
+            op = rng.random()
+            if op < 0.4 or not running:
+                k = rng.randrange(len(prompts))
+                blocks, tokens = prompts[k]
+                hit = per_block.cached_blocks(tuple(blocks), tokens)
+                assert chained.cached_blocks(blocks, tokens) == hit
+                private = tokens - hit * BLOCK_TOKENS
+                per_block.admit(tuple(blocks), hit, private)
+                chained.admit(blocks, hit, private)
+                running.append((k, hit, False))
+            elif op < 0.7:
+                j = rng.randrange(len(running))
+                k, held, done = running[j]
+                if not done:
+                    blocks = prompts[k][0]
+                    assert per_block.publish(tuple(blocks), held) == chained.publish(blocks, held)
+                    running[j] = (k, len(blocks), True)
+            elif op < 0.8:
+                grow = rng.choice((1.0, 2.31, 16.0))
+                per_block.grow(grow)
+                chained.grow(grow)
+            else:
+                k, held, _ = running.pop(rng.randrange(len(running)))
+                blocks = prompts[k][0]
+                per_block.release(tuple(blocks)[:held], 8.0)
+                chained.release(blocks[:held], 8.0)
+            assert chained.used_tokens == per_block.used_tokens
+            assert chained.n_evictable == len(per_block.evictable)
+            for blocks, tokens in prompts[::7]:
+                assert chained.cached_blocks(blocks, tokens) == per_block.cached_blocks(tuple(blocks), tokens)

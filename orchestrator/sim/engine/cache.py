@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import compress
 
+from orchestrator.sim.engine.chains import SHIFT, Blocks, ContentIds
 from orchestrator.sim.model import BLOCK_TOKENS
 
 SLACK_TOKENS = BLOCK_TOKENS // 2
@@ -39,52 +40,75 @@ def _extend_hashes(parent: int, words: Sequence[str], out: list[int]) -> int:
 
 
 class PromptHasher:
-    """Chained block hashes of the prompts of one virtual run, at a cost that does not grow with
-    the prompt (the virtual engine's hot path: ~125 blocks per 2,000-token prompt).
+    """Block ids (``chains.Blocks``) of the prompts of one virtual run, at a cost that does not
+    grow with the prompt (the virtual engine's hot path: ~125 blocks per 2,000-token prompt).
 
     Blocks inside the shared prefix are hashed by content, once per run. Past it, every prompt of
     the workload starts with its conversation's unique nonce (orchestrator.loadgen.workloads), so
     the first block past the prefix names the conversation and the blocks after it are named by
-    position: ``hash((that block's hash, k))``. That is exact whenever texts sharing that first
+    position: block k of that conversation. That is exact whenever texts sharing that first
     block extend one another, as a conversation's turns do; this is checked (a prefix comparison
     with the longest such text seen), and a text that fails it is hashed by content instead, so
     an unusual input can only miss hits, never make false ones.
+
+    Content hashes become ids through ``chains.ContentIds`` and the blocks named by position are
+    one chain per conversation, so a prompt is a few runs and equal ids mean equal hashes.
     """
 
     def __init__(self) -> None:
-        self._head: tuple[str, tuple[int, ...]] | None = None  # shared prefix's full blocks
+        self._head: tuple[str, tuple[int, ...], Blocks] | None = None  # shared prefix's full blocks
         self._head_words = -1
         self._longest: dict[int, str] = {}  # conversation block hash -> longest text seen
+        self._ids = ContentIds()
+        # conversation block hash -> (runs up to and with that block, its positional chain)
+        self._conv: dict[int, tuple[tuple[tuple[int, int], ...], int]] = {}
 
-    def hashes(self, text: str, prompt_tokens: int, shared_words: int = 0) -> tuple[int, ...]:
-        """Block hashes of ``text`` (``prompt_tokens`` words) whose first ``shared_words`` words
+    def hashes(self, text: str, prompt_tokens: int, shared_words: int = 0) -> Blocks:
+        """Block ids of ``text`` (``prompt_tokens`` words) whose first ``shared_words`` words
         are the run's shared prefix."""
         n_blocks = prompt_tokens // BLOCK_TOKENS
         head = self._head_of(text, shared_words)
         if head is None:
-            return block_hashes(text.split())
-        head_text, head_hashes = head
+            return self._by_content(text)
+        head_text, head_hashes, head_ids = head
         b0 = len(head_hashes)
         if n_blocks <= b0:
-            return head_hashes[:n_blocks]
+            return head_ids.prefix(n_blocks)
         if b0 and not (text.startswith(head_text) and text[len(head_text)].isspace()):
-            return block_hashes(text.split())
+            return self._by_content(text)
         rest = text[len(head_text) :].split(maxsplit=BLOCK_TOKENS)
         first = hash((head_hashes[-1] if b0 else 0, tuple(rest[:BLOCK_TOKENS])))
         known = self._longest.get(first)
         if known is None or (len(text) >= len(known) and text.startswith(known)):
             self._longest[first] = text
         elif not known.startswith(text):
-            return block_hashes(text.split())  # same first block, different story: by content
-        return (*head_hashes, first, *[hash((first, k)) for k in range(b0 + 1, n_blocks)])
+            return self._by_content(text)  # same first block, different story: by content
+        conv = self._conv.get(first)
+        if conv is None:
+            runs = list(head_ids.runs)
+            parent = (runs[-1][0] << SHIFT) + runs[-1][1] - 1 if runs else None
+            fid = self._ids.id_of(first, parent)
+            if parent is not None and fid == parent + 1:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((fid >> SHIFT, 1))
+            conv = self._conv[first] = (tuple(runs), self._ids.new_chain())
+        runs_to_first, chain = conv
+        if n_blocks == b0 + 1:
+            return Blocks(runs_to_first, n_blocks)
+        return Blocks((*runs_to_first, (chain, n_blocks - b0 - 1)), n_blocks)
 
-    def _head_of(self, text: str, shared_words: int) -> tuple[str, tuple[int, ...]] | None:
+    def _by_content(self, text: str) -> Blocks:
+        return Blocks(tuple(self._ids.blocks(block_hashes(text.split()))))
+
+    def _head_of(self, text: str, shared_words: int) -> tuple[str, tuple[int, ...], Blocks] | None:
         if shared_words != self._head_words:
             words = text.split(maxsplit=shared_words)[:shared_words] if shared_words else []
             if len(words) < shared_words:
                 return None
             full = len(words) - len(words) % BLOCK_TOKENS
-            self._head = (" ".join(words[:full]), block_hashes(words[:full]))
+            hashes = block_hashes(words[:full])
+            self._head = (" ".join(words[:full]), hashes, Blocks(tuple(self._ids.blocks(hashes))))
             self._head_words = shared_words
         return self._head
 

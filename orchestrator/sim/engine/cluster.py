@@ -34,11 +34,12 @@ class ClusterSpec:
         """GPUs the cluster occupies."""
         return sum(w.tp for w in (*self.workers, *self.prefill, *self.decode))
 
-    def worker(self, model: WorkerModel, name: str, track_emissions: bool = False) -> Worker:
+    def worker(self, model: WorkerModel, name: str, track_emissions: bool = False,
+               chain_blocks: bool = False) -> Worker:
         """A worker of this cluster (its KV link and stalls)."""
         return Worker(model, name=name, link_bytes_s=self.link_bytes_s,
                       stall_every_steps=self.stall_every_steps, stall_s=self.stall_s,
-                      track_emissions=track_emissions)
+                      track_emissions=track_emissions, chain_blocks=chain_blocks)
 
     def router(self, n_workers: int, seed: int) -> Router:
         """A router of this cluster's policy over ``n_workers`` workers."""

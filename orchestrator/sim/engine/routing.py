@@ -18,6 +18,8 @@ from __future__ import annotations
 import random as _random
 from collections.abc import Sequence
 
+from orchestrator.sim.engine.chains import Blocks
+
 # vllm-router's default --balance-rel-threshold.
 BALANCE_REL_THRESHOLD = 1.5
 
@@ -41,6 +43,10 @@ class Router:
         self.rng = _random.Random(seed)
         self.loads = [0] * n_workers
         self.trees: list[set[int]] = [set() for _ in range(n_workers)]
+        # For Blocks, a tree holds each chain's first ``extent`` blocks (every prompt holds a
+        # prefix of each of its chains): the same set, kept in a few numbers.
+        self.extents: list[dict[int, int]] = [{} for _ in range(n_workers)]
+        self.sizes = [0] * n_workers
         self._next = 0
 
     def pick(self, hashes: Sequence[int], prompt_tokens: int, conversation_id: int = 0) -> int:
@@ -84,20 +90,47 @@ class Router:
             i = self._least()
         else:
             best, best_n = 0, -1
-            for w, tree in enumerate(self.trees):
-                n = 0
-                while n < len(hashes) and hashes[n] in tree:
-                    n += 1
+            for w in range(self.n):
+                n = self._matched(w, hashes)
                 if n > best_n or (n == best_n and self.loads[w] < self.loads[best]):
                     best, best_n = w, n
             rate = best_n * 16 / max(prompt_tokens, 1)
             if rate > self.cache_threshold:
                 i = best
             else:
-                sizes = [len(t) for t in self.trees]
-                i = sizes.index(min(sizes))
-        self.trees[i].update(hashes)
+                i = self.sizes.index(min(self.sizes))
+        self._insert(i, hashes)
         return i
+
+    def _matched(self, w: int, hashes: Sequence[int]) -> int:
+        """Leading blocks of the prompt in worker ``w``'s tree."""
+        n = 0
+        if isinstance(hashes, Blocks):
+            ext = self.extents[w]
+            for chain, length in hashes.runs:
+                e = ext.get(chain, 0)
+                if e < length:
+                    return n + e
+                n += length
+            return n
+        tree = self.trees[w]
+        while n < len(hashes) and hashes[n] in tree:
+            n += 1
+        return n
+
+    def _insert(self, w: int, hashes: Sequence[int]) -> None:
+        if isinstance(hashes, Blocks):
+            ext = self.extents[w]
+            for chain, length in hashes.runs:
+                e = ext.get(chain, 0)
+                if length > e:
+                    ext[chain] = length
+                    self.sizes[w] += length - e
+            return
+        tree = self.trees[w]
+        before = len(tree)
+        tree.update(hashes)
+        self.sizes[w] += len(tree) - before
 
 
 def _mix(x: int) -> int:

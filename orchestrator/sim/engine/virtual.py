@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from orchestrator.records import RequestRecord
 from orchestrator.sim.engine.cache import PromptHasher
+from orchestrator.sim.engine.chains import Blocks
 from orchestrator.sim.engine.cluster import ClusterSpec
 from orchestrator.sim.engine.routing import Router
 from orchestrator.sim.engine.worker import Sequence as Seq
@@ -105,11 +106,11 @@ class _Run:
         self.seed = seed
         self.back: list[Worker]
         if cluster.disaggregated:
-            self.front = [cluster.worker(m, f"prefill-{i}") for i, m in enumerate(cluster.prefill)]
-            self.back = [cluster.worker(m, f"decode-{i}") for i, m in enumerate(cluster.decode)]
+            self.front = [cluster.worker(m, f"prefill-{i}", chain_blocks=True) for i, m in enumerate(cluster.prefill)]
+            self.back = [cluster.worker(m, f"decode-{i}", chain_blocks=True) for i, m in enumerate(cluster.decode)]
             self.router_back: Router | None = cluster.router(len(self.back), seed + 1)
         else:
-            self.front = [cluster.worker(m, f"worker-{i}") for i, m in enumerate(cluster.workers)]
+            self.front = [cluster.worker(m, f"worker-{i}", chain_blocks=True) for i, m in enumerate(cluster.workers)]
             self.back = []
             self.router_back = None
         self.router = cluster.router(len(self.front), seed)
@@ -118,7 +119,7 @@ class _Run:
         self.wake_at: list[float | None] = [None] * len(self.workers)
         self.events: list[tuple[float, int, int, int]] = []
         self.n_ev = 0
-        self.hashes: dict[int, tuple[int, ...]] = {}
+        self.hashes: dict[int, Blocks] = {}
         self.hasher = PromptHasher()
         self.records: dict[int, RequestRecord] = {}
         self.front_seq: dict[int, Seq] = {}
@@ -133,7 +134,7 @@ class _Run:
         self.n_ev += 1
         heapq.heappush(self.events, (t, self.n_ev, kind, a))
 
-    def hashes_of(self, i: int) -> tuple[int, ...]:
+    def hashes_of(self, i: int) -> Blocks:
         h = self.hashes.get(i)
         if h is None:
             r = self.requests[i]

@@ -20,9 +20,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from orchestrator.sim.engine.cache import KVMemory
+from orchestrator.sim.engine.chains import ChainMemory
 from orchestrator.sim.model import BLOCK_TOKENS, PrefillChunk, WorkerModel
 
 WAITING, TRANSFER, PREFILL, DECODE, DONE = range(5)
@@ -35,7 +37,8 @@ class Sequence:
     key: int
     prompt_tokens: int
     max_tokens: int  # tokens this worker produces before the sequence ends
-    hashes: tuple[int, ...] = ()  # chained hashes of the prompt's full blocks
+    # chained hashes of the prompt's full blocks (chains.Blocks with ``chain_blocks``)
+    hashes: Seq[int] = ()
     remote_tokens: int = 0  # P/D decode side: prompt KV that arrives by transfer (no prefill)
     tag: object = None  # the driver's own handle
     # progress
@@ -83,10 +86,14 @@ class Worker:
         stall_s: float = 0.0,
         track_emissions: bool = False,
         name: str = "worker",
+        chain_blocks: bool = False,
     ):
         self.model = model
         self.name = name
-        self.memory = KVMemory(model.kv_capacity_tokens, caching=model.prefix_caching)
+        # chain_blocks: sequences carry chains.Blocks (the virtual engine's PromptHasher), kept
+        # per chain; else any hashes, kept per block (the real-time server)
+        self.memory: KVMemory | ChainMemory = (ChainMemory if chain_blocks else KVMemory)(
+            model.kv_capacity_tokens, caching=model.prefix_caching)
         self.link_bytes_s = link_bytes_s or model.gpu.nvlink_bytes_s
         self.link_free_at = 0.0
         self.stall_every = stall_every_steps
