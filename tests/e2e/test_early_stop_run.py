@@ -1,15 +1,13 @@
 """`orch run` of a plan with `search.early_stop: true` (issue 20 item 5), the way a user runs it:
 a point far past the knee stops sending and says so on its progress line, every request it
 scheduled is kept in the store (sent, drained or never sent), it is judged a failing point, and
-the runs stay valid."""
+the runs stay valid. In virtual time, through `orch` in this process (no socket): the stop is
+decided on the simulator's clock exactly as the real generator decides it on the wall clock."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,34 +15,30 @@ import yaml
 
 from orchestrator.loadgen.runner import STOPPED_EARLY
 from orchestrator.store import Store
-from tests.e2e.helpers import BASE, ROOT
+from tests.e2e.helpers import BASE, orch_here
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_sockets")]
 
 PLAN = copy.deepcopy(BASE)
 PLAN["name"] = "e2e-early-stop-cli"
 # The search's second point (13.5 req/s) is about three times arm A's capacity (~4.7 req/s).
 PLAN["search"] = {**BASE["search"], "early_stop": True}
-# Lenient send-lag and stall bounds, as in the integration test of the stop: a saturated sim
-# server on a 2-core CI running 4 test workers lagged 274 ms once; this test is about the stop.
-PLAN["guards"] = {"max_send_lag_p99_ms": 1000, "stall_gap_ms": 5000}
 
 
-def test_orch_run_stops_a_point_past_the_knee_and_keeps_every_request(tmp_path: Path) -> None:
+def test_orch_run_stops_a_point_past_the_knee_and_keeps_every_request(tmp_path: Path, monkeypatch, capsys) -> None:
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(PLAN, sort_keys=False))
     url = f"sqlite:///{tmp_path / 'orch.sqlite'}"
-    env = {**os.environ, "ORCH_DATABASE_URL": url, "ORCH_STATE_DIR": str(tmp_path / "state"),
-           "ORCH_SKIP_CALIBRATION": "1"}
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "run", str(plan_file), "--json"],
-                       cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stderr[-3000:]
-    said = [line for line in r.stderr.splitlines() if "[stopped early at" in line]
-    assert said, r.stderr[-3000:]
+    env = {"ORCH_DATABASE_URL": url, "ORCH_STATE_DIR": str(tmp_path / "state")}
+    code, out, err = orch_here("run", str(plan_file), "--backend", "virtual", "--json", env=env,
+                               monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, err[-3000:]
+    said = [line for line in err.splitlines() if "[stopped early at" in line]
+    assert said, err[-3000:]
 
     store = Store.open(url)
     try:
-        runs = store.runs(json.loads(r.stdout)["experiment"]["id"])
+        runs = store.runs(json.loads(out)["experiment"]["id"])
         assert {run.arm for run in runs if run.valid} == {"A", "B"}
         stopped = []
         for run in runs:

@@ -1,12 +1,15 @@
 """PostgreSQL stopped mid-point (DESIGN 12): store calls retry within the budget, records are
 spooled to an fsynced file and written back; an outage longer than the budget aborts the run
 (exit 2 through an EnvironmentProblem) and the rerun replays the spool. Either way the count of
-request rows equals the count the generator sent (n_scheduled of every point)."""
+request rows equals the count the generator sent (n_scheduled of every point).
+
+The arms run on the virtual backend (virtual time): the outage is real (this test's own
+PostgreSQL, stopped and started with pg_ctl), and it starts at a fixed moment, as the first
+point's first batch of records is handed to the store, so the same records meet it every time."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.backends.sim import SimBackend
+from orchestrator.backends.virtual import VirtualBackend
 from orchestrator.control.executor import Executor, ExecutorConfig
 from orchestrator.control.progress import PlainProgress
 from orchestrator.errors import EnvironmentProblem
@@ -29,7 +32,6 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def own_pg(monkeypatch: pytest.MonkeyPatch) -> Iterator[postgres.PrivatePostgres]:
     """A private cluster of this test's own, so it can be stopped and started."""
-    monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
     bindir = postgres.find_bindir()
     if bindir is None:
         pytest.skip("PostgreSQL server binaries not found")
@@ -59,41 +61,33 @@ def _plan() -> Any:
 
 def _executor(store: Store, state: Path, budget: float) -> Executor:
     cfg = ExecutorConfig(state_dir=state, db_retry_budget_s=budget)
-    return Executor(store, SimBackend(state / "sim"), cfg, PlainProgress())
+    return Executor(store, VirtualBackend(), cfg, PlainProgress())
 
 
-def _start_in_thread(ex: Executor, plan: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    result: dict[str, Any] = {}
+class _StopsAtFirstBatch(Store):
+    """Stops the test's PostgreSQL as the first batch of request records arrives (so that batch
+    and the point's later writes meet the outage), and starts it again ``restart_after_s``
+    later (None: the test starts it)."""
 
-    def body() -> None:
-        try:
-            result["outcome"] = ex.run(plan)
-        except BaseException as e:  # noqa: BLE001 - the test inspects it
-            result["error"] = e
+    pg: postgres.PrivatePostgres
+    restart_after_s: float | None = None
+    stopped = False
 
-    t = threading.Thread(target=body, daemon=True)
-    t.start()
-    return t, result
+    def ingest_requests(self, point_id: int, records: Any) -> int:
+        if not type(self).stopped:
+            type(self).stopped = True
+            _pg_ctl(self.pg, "stop")
+            if self.restart_after_s is not None:
+                threading.Timer(self.restart_after_s, _pg_ctl, (self.pg, "start")).start()
+        return super().ingest_requests(point_id, records)
 
 
-def _stop_mid_point(pg: postgres.PrivatePostgres, url: str, t: threading.Thread) -> None:
-    """Wait until a point of the first run is open (its records streaming), then stop PG."""
-    engine = sa.create_engine(url)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert t.is_alive()
-            with engine.connect() as c:
-                n = c.execute(sa.text("select count(*) from load_points")).scalar()
-            if n:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no point opened")
-    finally:
-        engine.dispose()
-    time.sleep(2.0)  # into the point: some records stored, the rest arrive during the outage
-    _pg_ctl(pg, "stop")
+def _outage_store(pg: postgres.PrivatePostgres, url: str, restart_after_s: float | None) -> _StopsAtFirstBatch:
+    with Store.open(url):
+        pass  # migrated
+    _StopsAtFirstBatch.pg, _StopsAtFirstBatch.restart_after_s = pg, restart_after_s
+    _StopsAtFirstBatch.stopped = False
+    return _StopsAtFirstBatch(Store.open(url).engine)
 
 
 def _counts(store: Store) -> tuple[int, int]:
@@ -105,16 +99,10 @@ def _counts(store: Store) -> tuple[int, int]:
 
 def test_outage_within_budget_rides_through(own_pg: postgres.PrivatePostgres, tmp_path: Path) -> None:
     url = own_pg.url(own_pg.create_database())
-    plan = _plan()
-    with Store.open(url) as store:
-        t, result = _start_in_thread(_executor(store, tmp_path / "state", budget=40.0), plan)
-        _stop_mid_point(own_pg, url, t)
-        time.sleep(8)
-        _pg_ctl(own_pg, "start")
-        t.join(150)
-        assert not t.is_alive()
-        assert "error" not in result, repr(result.get("error"))
-        out = result["outcome"]
+    store = _outage_store(own_pg, url, restart_after_s=8.0)
+    try:
+        out = _executor(store, tmp_path / "state", budget=40.0).run(_plan())
+        assert _StopsAtFirstBatch.stopped
         assert out.complete
         runs = store.runs(out.experiment_id)
         assert all(r.status == "done" and r.valid for r in runs)
@@ -122,22 +110,22 @@ def test_outage_within_budget_rides_through(own_pg: postgres.PrivatePostgres, tm
         sent, stored = _counts(store)
         assert sent > 0 and stored == sent
         assert not list((tmp_path / "state" / "spool").glob("point-*.jsonl"))
+    finally:
+        store.close()
 
 
 def test_outage_past_budget_aborts_then_rerun_replays(own_pg: postgres.PrivatePostgres, tmp_path: Path) -> None:
     url = own_pg.url(own_pg.create_database())
     plan = _plan()
     state = tmp_path / "state"
-    with Store.open(url) as store:
-        t, result = _start_in_thread(_executor(store, state, budget=3.0), plan)
-        _stop_mid_point(own_pg, url, t)
-        t.join(60)
-        assert not t.is_alive()
-        err = result.get("error")
-        assert isinstance(err, DatabaseOutage) and isinstance(err, EnvironmentProblem), repr(err)
+    store = _outage_store(own_pg, url, restart_after_s=None)
+    try:
+        with pytest.raises(DatabaseOutage) as caught:
+            _executor(store, state, budget=3.0).run(plan)
+        err = caught.value
+        assert isinstance(err, EnvironmentProblem), repr(err)
         assert err.exit_code == 2 and "\n" not in str(err) and "did not answer for 3 s" in str(err)
         assert list((state / "spool").glob("point-*.jsonl")), "records taken during the outage are spooled"
-        time.sleep(1)
         _pg_ctl(own_pg, "start")
         out = _executor(store, state, budget=30.0).run(plan)
         assert out.complete and out.resumed
@@ -147,6 +135,8 @@ def test_outage_past_budget_aborts_then_rerun_replays(own_pg: postgres.PrivatePo
         sent, stored = _counts(store)
         assert sent > 0 and stored == sent
         assert not list((state / "spool").glob("point-*.jsonl"))
+    finally:
+        store.close()
 
 
 class _Down:
@@ -240,7 +230,6 @@ def test_abort_writes_the_runs_spool_before_storing_the_abort(sqlite_url: str, t
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """When the database answers again just as the budget runs out, the run's spooled records
     are written before the run is stored aborted (its digest then covers all of them)."""
-    monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
     _BackAtTheEnd.down = True
     state = tmp_path / "state"
     with Store.open(sqlite_url):

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.backends.base import Deployment, RunKey
 from orchestrator.backends.kubernetes.backend import KubernetesBackend
-from orchestrator.backends.sim import SimBackend
+from orchestrator.backends.virtual import VirtualBackend
 from orchestrator.control.executor import Executor, ExecutorConfig
 from orchestrator.control.progress import PlainProgress
 from orchestrator.errors import PermanentError, TransientError
@@ -70,12 +70,12 @@ def test_a_403_is_permanent_stored_once_and_never_retried(kcluster: EmulatedClus
     assert exp.status in ("queued", "running")  # not done: resumable once the RBAC is granted
 
 
-class TransientFirstDeploy(SimBackend):
-    """The sim backend whose first deploy fails as a busy API server would (503, retry later):
-    the fault is injected at the contract boundary."""
+class TransientFirstDeploy(VirtualBackend):
+    """The virtual backend whose first deploy fails as a busy API server would (503, retry
+    later): the fault is injected at the contract boundary; the runs are in virtual time."""
 
-    def __init__(self, state: Path, events: list[tuple]):
-        super().__init__(state)
+    def __init__(self, events: list[tuple]):
+        super().__init__()
         self.events = events
 
     def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
@@ -85,10 +85,10 @@ class TransientFirstDeploy(SimBackend):
         return super().deploy(plan, arm, key)
 
 
-def test_a_transient_error_is_retried_after_its_delay(store: Store, tmp_path: Path) -> None:
+def test_a_transient_error_is_retried_after_its_delay(store: Store, tmp_path: Path, no_sockets) -> None:
     plan = small_plan(name="exec-transient", search=SHORT_SEARCH, design=DESIGN)
     events: list[tuple] = []
-    executor = Executor(store, TransientFirstDeploy(tmp_path / "sim", events),
+    executor = Executor(store, TransientFirstDeploy(events),
                         ExecutorConfig(state_dir=tmp_path / "state"), PlainProgress())
     executor._sleep = lambda s: events.append(("sleep", s))
 
