@@ -239,16 +239,21 @@ class WorkerModel:
                 4.0 * self.model.layers * self.model.hidden_size,
                 2.0 * (self.model.active - embedding - head), 2.0 * head)
 
+    @cached_property
+    def _peaks(self) -> tuple[float, float]:
+        # (bandwidth, FLOP/s) of the datasheet path, once: the step loop asks every step
+        return self._bandwidth, self._flops
+
     def kv_bandwidth(self, seqs: int) -> float:
         """Effective KV read bytes/s of a step where ``seqs`` sequences read their cache."""
         if not self.kv_bandwidth_by_batch:
-            return self._bandwidth
+            return self._peaks[0]
         return _interp_log(self.kv_bandwidth_by_batch, seqs) * self.tp * self.efficiency_scale
 
     def flops_at(self, tokens: float) -> float:
         """Effective FLOP/s of a step that processes ``tokens`` positions."""
         if not self.flops_by_tokens:
-            return self._flops
+            return self._peaks[1]
         return _interp_log(self.flops_by_tokens, tokens) * self.tp * self.efficiency_scale
 
     @property
@@ -276,35 +281,54 @@ class WorkerModel:
         KV on average and, with speculative decoding, verifies k + 1 positions); ``prefill``
         chunks are computed in the same step (chunked prefill mixes them with decodes).
         """
-        k = self.speculative_k
+        return self.step_time_pairs(decode_seqs, decode_context_tokens, [(c.tokens, c.context) for c in prefill])
+
+    def step_time_pairs(self, decode_seqs: int, decode_context_tokens: float,
+                        prefill: list[tuple[int, int]]) -> float:
+        """``step_time_s`` with the chunks as (tokens, context) pairs (the engine's hot path)."""
+        k, w_s, kvb, attn_k, body2, head2, t0, flops_c, bw_c, extra = self._hot
         decode_positions = decode_seqs * (k + 1)
-        w_s, kvb, attn_k, body2, head2 = self._rates
         kv_tokens = decode_context_tokens
         attn = attn_k * decode_positions * decode_context_tokens / decode_seqs if decode_seqs else 0.0
         tokens = decode_positions
-        for c in prefill:
-            tokens += c.tokens
-            kv_tokens += c.context
-            attn += attn_k * c.tokens * (c.context + c.tokens / 2.0)
+        for c_tokens, c_context in prefill:
+            tokens += c_tokens
+            kv_tokens += c_context
+            attn += attn_k * c_tokens * (c_context + c_tokens / 2.0)
         if tokens == 0:
             return 0.0
-        flops_s = self.flops_at(tokens)
+        n_pre = len(prefill)
+        flops_s = flops_c or self.flops_at(tokens)
         # Linear layers, then attention: two roofs, one after the other (issue 21, point 2).
-        linear = (body2 * tokens + head2 * (decode_positions + len(prefill))) / flops_s
-        t = self.step_overhead_s + (w_s if w_s > linear else linear)
-        kv_s = kv_tokens * kvb / self.kv_bandwidth(decode_seqs + len(prefill)) if kv_tokens else 0.0
+        linear = (body2 * tokens + head2 * (decode_positions + n_pre)) / flops_s
+        t = t0 + (w_s if w_s > linear else linear)
+        kv_s = kv_tokens * kvb / (bw_c or self.kv_bandwidth(decode_seqs + n_pre)) if kv_tokens else 0.0
         attn_s = attn / flops_s
         t += kv_s if kv_s > attn_s else attn_s
+        if not extra:
+            return t
         if self.decode_seq_overhead_s or self.prefill_seq_overhead_s:
-            t += decode_seqs * self.decode_seq_overhead_s + len(prefill) * self.prefill_seq_overhead_s
+            t += decode_seqs * self.decode_seq_overhead_s + n_pre * self.prefill_seq_overhead_s
         if self.tp > 1:
             t += self.allreduce_s(tokens)
         if k and decode_seqs:
             # k draft steps, each a fraction c of a plain decode pass of the same batch.
-            plain = self.step_overhead_s + max(w_s, (body2 + head2) * decode_seqs / self.flops_at(decode_seqs))
+            plain = t0 + max(w_s, (body2 + head2) * decode_seqs / self.flops_at(decode_seqs))
             plain += decode_context_tokens * kvb / self.kv_bandwidth(decode_seqs)
             t += k * self.speculative_draft_cost * plain
         return t
+
+    @cached_property
+    def _hot(self) -> tuple[int, float, float, float, float, float, float, float, float, bool]:
+        # step_time_pairs' constants, once: the rates, the flat FLOP/s and bandwidth (0 where a
+        # measured curve applies), and whether any rarer term (per-sequence costs, TP, drafts) does
+        w_s, kvb, attn_k, body2, head2 = self._rates
+        flops_c = 0.0 if self.flops_by_tokens else self._flops
+        bw_c = 0.0 if self.kv_bandwidth_by_batch else self._bandwidth
+        extra = bool(self.decode_seq_overhead_s or self.prefill_seq_overhead_s or self.tp > 1
+                     or self.speculative_k)
+        return (self.speculative_k, w_s, kvb, attn_k, body2, head2, self.step_overhead_s,
+                flops_c, bw_c, extra)
 
     def decode_step_s(self, batch: int, context_tokens: float) -> float:
         """T(b): one decode step of ``batch`` sequences of ``context_tokens`` each."""

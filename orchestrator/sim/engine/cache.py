@@ -60,8 +60,8 @@ class PromptHasher:
         self._head_words = -1
         self._longest: dict[int, str] = {}  # conversation block hash -> longest text seen
         self._ids = ContentIds()
-        # conversation block hash -> (runs up to and with that block, its positional chain)
-        self._conv: dict[int, tuple[tuple[tuple[int, int], ...], int]] = {}
+        # conversation block hash -> (runs before its chain, the chain, blocks before it)
+        self._conv: dict[int, tuple[tuple[tuple[int, int], ...], int, int]] = {}
 
     def hashes(self, text: str, prompt_tokens: int, shared_words: int = 0) -> Blocks:
         """Block ids of ``text`` (``prompt_tokens`` words) whose first ``shared_words`` words
@@ -76,7 +76,12 @@ class PromptHasher:
             return head_ids.prefix(n_blocks)
         if b0 and not (text.startswith(head_text) and text[len(head_text)].isspace()):
             return self._by_content(text)
-        rest = text[len(head_text) :].split(maxsplit=BLOCK_TOKENS)
+        start = len(head_text)
+        # The first block's words: a window of the text is enough when it holds more than 16
+        # words (the 17th may be cut); splitting the whole text costs as much as the rest here.
+        rest = text[start : start + 1024].split(maxsplit=BLOCK_TOKENS)
+        if len(rest) <= BLOCK_TOKENS:
+            rest = text[start:].split(maxsplit=BLOCK_TOKENS)
         first = hash((head_hashes[-1] if b0 else 0, tuple(rest[:BLOCK_TOKENS])))
         known = self._longest.get(first)
         if known is None or (len(text) >= len(known) and text.startswith(known)):
@@ -85,18 +90,28 @@ class PromptHasher:
             return self._by_content(text)  # same first block, different story: by content
         conv = self._conv.get(first)
         if conv is None:
-            runs = list(head_ids.runs)
-            parent = (runs[-1][0] << SHIFT) + runs[-1][1] - 1 if runs else None
-            fid = self._ids.id_of(first, parent)
-            if parent is not None and fid == parent + 1:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((fid >> SHIFT, 1))
-            conv = self._conv[first] = (tuple(runs), self._ids.new_chain())
-        runs_to_first, chain = conv
-        if n_blocks == b0 + 1:
-            return Blocks(runs_to_first, n_blocks)
-        return Blocks((*runs_to_first, (chain, n_blocks - b0 - 1)), n_blocks)
+            conv = self._conv[first] = self._conversation(first, head_ids)
+        runs, chain, before = conv
+        if n_blocks == before:
+            return Blocks(runs, n_blocks)
+        return Blocks((*runs, (chain, n_blocks - before)), n_blocks)
+
+    def _conversation(self, first: int, head_ids: Blocks) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        """(runs before the conversation's chain, that chain, blocks before it)."""
+        ids = self._ids
+        fid = ids.known(first)
+        if fid is None:  # the usual case: the chain starts with the conversation's first block
+            chain = ids.new_chain()
+            ids.register(first, chain << SHIFT)
+            return head_ids.runs, chain, head_ids.n
+        # seen before by content (an unusual input): it keeps its id, the positions follow it
+        runs = list(head_ids.runs)
+        parent = (runs[-1][0] << SHIFT) + runs[-1][1] - 1 if runs else None
+        if parent is not None and fid == parent + 1:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((fid >> SHIFT, 1))
+        return tuple(runs), ids.new_chain(), head_ids.n + 1
 
     def _by_content(self, text: str) -> Blocks:
         return Blocks(tuple(self._ids.blocks(block_hashes(text.split()))))

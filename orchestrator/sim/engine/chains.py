@@ -174,6 +174,7 @@ class ChainMemory:
         self.caching = caching
         self._chains: dict[int, _Chain] = {}
         self._lru: deque[list[_Seg]] = deque()  # releases, oldest first; each in block order
+        self._owed = 0  # blocks evicted but not yet taken off their chains (_settle)
         self.n_referenced = 0  # distinct referenced blocks
         self.n_evictable = 0  # cached, unused blocks
         self.private_tokens = 0.0
@@ -200,6 +201,8 @@ class ChainMemory:
         if not self.caching:
             return 0
         hashes = cast(Blocks, hashes)  # ChainMemory holds Blocks only (Worker's chain_blocks)
+        if self._owed:
+            self._settle()
         limit = min(hashes.n, (prompt_tokens - 1) // BLOCK_TOKENS)
         n = 0
         chains = self._chains
@@ -262,6 +265,8 @@ class ChainMemory:
 
     def _hold_prefix(self, hashes: Blocks, start: int, stop: int) -> None:
         """Hold blocks [start, stop) of ``hashes`` on top of [0, start) already held."""
+        if self._owed:
+            self._settle()
         off = 0
         for key, length in hashes.runs:
             if off >= stop:
@@ -288,17 +293,24 @@ class ChainMemory:
 
     # --- the KVMemory interface -------------------------------------------------------
     def _evict_to_fit(self) -> None:
-        over = self.used_tokens + self.n_evictable * BLOCK_TOKENS - self.capacity_tokens
-        if over <= 0:
-            return
-        # KVMemory frees one block at a time until over <= 0 (exact: multiples of 16 below 2^52)
-        need = min(math.ceil(over / BLOCK_TOKENS), self.n_evictable)
+        over = (self.n_referenced + self.n_evictable) * BLOCK_TOKENS + self.private_tokens \
+            + self.sequences * SLACK_TOKENS - self.capacity_tokens
+        if over > 0:
+            # KVMemory frees one block at a time until over <= 0 (exact: multiples of 16 below
+            # 2^52). Which blocks leave is settled when the cache is next looked at: evictions
+            # take the oldest releases first, so a batch of them takes the same blocks.
+            need = min(math.ceil(over / BLOCK_TOKENS), self.n_evictable)
+            self.n_evictable -= need
+            self._owed += need
+
+    def _settle(self) -> None:
+        """Carry out the evictions owed, oldest release first, each release tail first."""
+        need, self._owed = self._owed, 0
         lru, chains = self._lru, self._chains
-        self.n_evictable -= need
         while need:
             entry = lru[0]
             while entry and need:
-                s = entry[-1]  # the release's tail first
+                s = entry[-1]
                 avail = s.hi - s.lo
                 if avail > need:
                     s.hi -= need
@@ -328,7 +340,7 @@ class ChainMemory:
     def grow(self, tokens: float) -> None:
         """Running sequences wrote ``tokens`` more private tokens."""
         self.private_tokens += tokens
-        self._evict_to_fit()
+        self._evict_to_fit()  # every step: kept to arithmetic (see _settle)
 
     def publish(self, hashes: Sequence[int], from_block: int) -> int:
         """A prefill ended: its full prompt blocks beyond the hits become cached, shared blocks.

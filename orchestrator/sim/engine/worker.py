@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from orchestrator.sim.engine.cache import KVMemory
 from orchestrator.sim.engine.chains import ChainMemory
-from orchestrator.sim.model import BLOCK_TOKENS, PrefillChunk, WorkerModel
+from orchestrator.sim.model import BLOCK_TOKENS, WorkerModel
 
 WAITING, TRANSFER, PREFILL, DECODE, DONE = range(5)
 
@@ -100,6 +101,7 @@ class Worker:
         self.stall_s = stall_s
         self.track = track_emissions
         self.e = model.tokens_per_pass
+        self._ceil_e = math.ceil(self.e)  # KV growth a decoding sequence may need in one step
         self.k = model.speculative_k
         self.waiting: deque[Sequence] = deque()
         self.transferring: list[Sequence] = []
@@ -110,6 +112,10 @@ class Worker:
         self.step_no = 0
         self.durations: list[float] = []  # by step index
         self.ends: list[float] = []
+        # Steps whose duration exceeds every later one's (a monotonic stack): the longest step
+        # since any step is one bisection away (a finishing sequence's largest token gap).
+        self._peak_steps: list[int] = []
+        self._peak_durs: list[float] = []
         self._plan: list[tuple[Sequence, int]] = []
         self._plan_dec = 0
         self._pending_s = 0.0
@@ -162,31 +168,35 @@ class Worker:
         """Schedule the next step at ``now``; its duration, or None when there is nothing to do."""
         if self.transferring:
             self._land_transfers(now)
-        self._make_room()
-        budget = self.model.max_num_batched_tokens - len(self.decoding) * (self.k + 1)
+        decoding, prefilling, mem = self.decoding, self.prefilling, self.memory
+        if (decoding or prefilling) and mem.free_tokens() < len(decoding) * self._ceil_e:
+            self._make_room()
+        n_dec = len(decoding)
+        budget = self.model.max_num_batched_tokens - n_dec * (self.k + 1)
         plan: list[tuple[Sequence, int]] = []
-        for seq in self.prefilling:
+        for seq in prefilling:
             if budget <= 0:
                 break
             n = min(seq.target - seq.computed, budget)
             plan.append((seq, n))
             budget -= n
-        while self.waiting and self.running + len(self.transferring) < self.model.max_num_seqs:
-            seq = self.waiting[0]
-            if seq.remote_tokens:
-                if not self._admit(seq, now):
+        waiting = self.waiting
+        if waiting:
+            max_seqs = self.model.max_num_seqs
+            while waiting and len(prefilling) + n_dec + len(self.transferring) < max_seqs:
+                seq = waiting[0]
+                if seq.remote_tokens:
+                    if not self._admit(seq, now):
+                        break
+                    continue
+                if budget <= 0 or not self._admit(seq, now):
                     break
-                continue
-            if budget <= 0 or not self._admit(seq, now):
-                break
-            n = min(seq.target - seq.computed, budget)
-            plan.append((seq, n))
-            budget -= n
-        n_dec = len(self.decoding)
+                n = min(seq.target - seq.computed, budget)
+                plan.append((seq, n))
+                budget -= n
         if not plan and not n_dec:
             return None
-        chunks = tuple(PrefillChunk(n, s.computed) for s, n in plan)
-        dur = self.model.step_time_s(n_dec, self.dec_context, chunks)
+        dur = self.model.step_time_pairs(n_dec, self.dec_context, [(n, s.computed) for s, n in plan])
         if self.stall_every and (self.step_no + 1) % self.stall_every == 0:
             dur += self.stall_s
         if self._host_debt_s:
@@ -195,7 +205,7 @@ class Worker:
         self._plan = plan
         self._plan_dec = n_dec
         self._pending_s = dur
-        self.memory.grow(n_dec * self.e)  # output KV written by this step
+        mem.grow(n_dec * self.e)  # output KV written by this step
         return dur
 
     def end_step(self, end: float) -> StepResult:
@@ -204,6 +214,12 @@ class Worker:
         dur = self._pending_s
         self.durations.append(dur)
         self.ends.append(end)
+        steps, durs = self._peak_steps, self._peak_durs
+        while durs and durs[-1] <= dur:
+            durs.pop()
+            steps.pop()
+        steps.append(step)
+        durs.append(dur)
         firsts: list[Sequence] = []
         finished: list[Sequence] = []
         decoded: list[tuple[Sequence, int]] = []
@@ -225,17 +241,27 @@ class Worker:
                 self._finish(seq, end)
                 finished.append(seq)
         # prefill chunks of this step
+        if self._plan:
+            self._end_prefills(step, end, firsts, finished, decoded)
+            self._plan = []
+        self._plan_dec = 0
+        self.step_no += 1
+        return StepResult(end, dur, firsts, finished, decoded)
+
+    def _end_prefills(self, step: int, end: float, firsts: list[Sequence], finished: list[Sequence],
+                      decoded: list[tuple[Sequence, int]]) -> None:
+        mem = self.memory
         for seq, n in self._plan:
             seq.computed += n
             if seq.computed < seq.target:
                 continue
             self.prefilling.remove(seq)
-            published = self.memory.publish(seq.hashes, seq.shared_blocks)
-            seq.shared_blocks = len(seq.hashes) if self.memory.caching else 0
+            published = mem.publish(seq.hashes, seq.shared_blocks)
+            seq.shared_blocks = len(seq.hashes) if mem.caching else 0
             seq.private -= published
             seq.generated += 1  # the step that completes a prompt samples a token
             self.generation_tokens_total += 1
-            self.memory.grow(1)
+            mem.grow(1)
             seq.private += 1
             self._emit(seq, end, 1)
             if seq.chunks == 1:
@@ -244,16 +270,11 @@ class Worker:
                 decoded.append((seq, 1))
             if seq.generated >= seq.max_tokens:
                 seq.state = DONE
-                self.memory.release(seq.hashes[: seq.shared_blocks], seq.private)
+                mem.release(seq.hashes[: seq.shared_blocks], seq.private)
                 self.requests_done += 1
                 finished.append(seq)
             else:
                 self._start_decode(seq, step + 1)
-        self._plan = []
-        self._plan_dec = 0
-        self.step_no += 1
-        return StepResult(end, dur, firsts, finished, decoded)
-
 
     # --- internals ------------------------------------------------------------------------
     def _emit(self, seq: Sequence, t: float, tokens: int) -> None:
@@ -345,12 +366,16 @@ class Worker:
         # the durations of its decode steps (each emits at its end).
         n_steps = step - seq.dec_start + 1
         if n_steps > 0:
-            seq.max_gap_s = max(seq.max_gap_s, max(self.durations[seq.dec_start : step + 1]))
+            seq.max_gap_s = max(seq.max_gap_s, self._longest_since(seq.dec_start))
             seq.chunks += n_steps
         seq.last_token_s = end
         seq.state = DONE
         self.memory.release(seq.hashes[: seq.shared_blocks], seq.private)
         self.requests_done += 1
+
+    def _longest_since(self, step: int) -> float:
+        """max(self.durations[step:]), the last step included."""
+        return self._peak_durs[bisect_left(self._peak_steps, step)]
 
     def _make_room(self) -> None:
         """Preempt the newest running sequences while this step's output growth does not fit.
@@ -368,8 +393,7 @@ class Worker:
                 done_step = self.step_no - 1
                 n_steps = done_step - victim.dec_start + 1
                 if n_steps > 0:
-                    gaps = self.durations[victim.dec_start : done_step + 1]
-                    victim.max_gap_s = max(victim.max_gap_s, max(gaps))
+                    victim.max_gap_s = max(victim.max_gap_s, self._longest_since(victim.dec_start))
                     victim.chunks += n_steps
                     victim.last_token_s = self.ends[done_step]
                 self._leave_decode(victim, done_step)
