@@ -35,7 +35,8 @@ def test_a_running_point_reports_partial_attainment_before_it_ends(store: Store,
     monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
     # A 6 s window at 2 req/s: the first requests end seconds before the last is due, even on a
     # busy CI machine (seen here: first report 2.1 s in, the last request due at 4.6 s of a 4 s window).
-    plan = small_plan(name="live-attainment", guards={"max_send_lag_p99_ms": 1000},
+    # The point's validity is not asserted (default guard bounds: a loaded machine may fail them).
+    plan = small_plan(name="live-attainment",
                       search={"rate": {"min": 1, "max": 32}, "precision": 0.25, "point_s": 6, "warmup_s": 1,
                               "cooldown_s": 0.5, "max_points": 3, "use_prior": False})
     backend = SimBackend(tmp_path / "sim")

@@ -1,6 +1,8 @@
 """A load point measured by the controller (control/points.py) judges and stores the
 prompt-length guard: the simulated server reports usage.prompt_tokens, the records keep it, and
-the guard row carries the plan's tolerance. One arm, one point (no warm-up, no search)."""
+the guard row carries the plan's tolerance. One arm, one point (no warm-up, no search). Only the
+prompt-length guard is asserted: it depends on the server's counts, not on timing (the point's
+other guards may fail on a loaded machine, and are right to)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def test_a_measured_point_stores_the_prompt_length_guard(tmp_path: Path) -> None
                                     "conversations": 100000}}
     data["bars"] = [{"id": "cap", "metric": "capacity", "class": "standard", "at_least": 1.1}]
     data["search"] = {"rate": {"min": 0.5, "max": 8}, "point_s": 1.5, "warmup_s": 0.3, "cooldown_s": 0}
-    data["guards"] = {"max_send_lag_p99_ms": 50, "prompt_length_tolerance": 0.02}
+    # The guard under test, tighter than its default (0.05); every other bound is the default.
+    data["guards"] = {"prompt_length_tolerance": 0.02}
     plan = validate_plan(data)
     backend = SimBackend(tmp_path / "sim")
     with Store.open(f"sqlite:///{tmp_path / 'orch.sqlite'}") as store:
