@@ -3,7 +3,11 @@
 1. Virtual time: simulated seconds per wall second for 1 and 4 H200 replicas of qwen3-8b (round
    robin), 2,000-token prompts and 256-token replies, at 90% of the arm's measured capacity
    (standard class, found first by a capacity search on short virtual points). Target (issue
-   #4): >= 100x real time for 4 replicas on one core. Medians of a few repeats.
+   #27): >= 500x real time for 4 replicas, >= 2,000x for one, on one core. Medians of a few
+   repeats (the prompts are built before the clock starts; their build time is printed apart).
+   ``--peer PATH`` times the same points with another checkout's code (e.g. a ``git worktree``
+   of the landed commit) in a subprocess, repeat for repeat alternating with this one, and
+   prints both figures and their ratio; the load average is printed at start and end.
 2. Real-time server ceiling: one `orch sim serve` process (H200, qwen3-8b) driven by the load
    generator (another process, same machine) on a ladder of open-loop rates with short prompts
    and 256-token streamed replies; per rate the streamed tokens/s, the p99 of |step duration -
@@ -12,12 +16,14 @@
    error stays within 1 ms. ``--spin-ms 2`` measures the server's sub-ms mode instead.
 
 Run: .venv/bin/python benchmarks/sim_bench.py [--repeats N] [--server-rates 10,20,40] [--skip-server]
+     [--peer /tmp/sim_peer]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -142,6 +148,51 @@ def server_ceiling(rates: list[float], seconds: float, spin_ms: float = 0.0) -> 
         proc.wait(10)
 
 
+def virtual_runs(replicas: int, seconds: float, repeats: int, rate: float | None = None,
+                 first: int = 0) -> dict:
+    """The virtual-time figure of one cluster: its capacity (searched unless ``rate`` is given),
+    then ``repeats`` timed runs at 90% of it (seeds 10 + first, 11 + first, ...)."""
+    c = cluster(replicas)
+    if rate is None:
+        cap = capacity_rate(c)
+        rate = 0.9 * cap
+    else:
+        cap = rate / 0.9
+    speeds, builds = [], []
+    n = steps = 0
+    for k in range(first, first + repeats):
+        offsets = open_loop_offsets(OpenLoop(), rate, seconds, 10 + k)
+        t = time.perf_counter()
+        requests = build_requests(WORKLOAD, len(offsets), 10 + k)
+        builds.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        res = simulate_open_loop(c, requests, offsets, Windows(0.0, seconds, 0.0), drain_s=30.0, seed=10 + k)
+        speeds.append(res.end_s / (time.perf_counter() - t))
+        n, steps = len(res.records), res.steps
+    return {"capacity": cap, "rate": rate, "speeds": speeds, "builds": builds, "n": n, "steps": steps}
+
+
+def _peer_run(peer: str, replicas: int, seconds: float, rate: float, k: int) -> dict:
+    """One timed repeat with the peer checkout's code (its own interpreter, its sources first)."""
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import sim_bench as b; "
+            f"print(json.dumps(b.virtual_runs({replicas}, {seconds!r}, 1, {rate!r}, {k})))")
+    env = {**os.environ, "PYTHONPATH": peer}
+    if "virtual_runs" not in Path(peer, "benchmarks", "sim_bench.py").read_text():
+        # a peer from before --peer existed: the same point through its own functions
+        code = ("import json, sys, time; sys.path.insert(0, 'benchmarks'); import sim_bench as b; "
+                "from orchestrator.sim.engine import Windows; "
+                f"res, wall = b.point(b.cluster({replicas}), {rate!r}, Windows(0.0, {seconds!r}, 0.0), seed={10 + k}); "
+                "print(json.dumps({'speeds': [res.end_s / wall], 'n': len(res.records), 'steps': res.steps}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=peer, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} CPUs)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
@@ -150,19 +201,30 @@ def main() -> None:
     ap.add_argument("--server-seconds", type=float, default=10.0)
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--spin-ms", type=float, default=0.0, help="the server's --spin-ms")
+    ap.add_argument("--peer", help="a checkout whose engine is timed on the same points (a git worktree)")
     args = ap.parse_args()
+    print(f"start: {_load()}", flush=True)
     for replicas in (1, 4):
-        c = cluster(replicas)
-        cap = capacity_rate(c)
-        rate = 0.9 * cap
-        speeds = []
+        first = virtual_runs(replicas, args.seconds, 1)
+        speeds, builds, peer_speeds = first["speeds"], first["builds"], []
         for k in range(args.repeats):
-            res, wall = point(c, rate, Windows(0.0, args.seconds, 0.0), seed=10 + k)
-            speeds.append(res.end_s / wall)
-        n = len(res.records)
-        print(f"{replicas} x H200 qwen3-8b, capacity {cap:.2f} req/s, run at {rate:.2f} req/s "
-              f"({n} requests, {res.steps} steps): median {statistics.median(speeds):.1f}x real time "
-              f"(runs: {', '.join(f'{s:.1f}' for s in speeds)})", flush=True)
+            if args.peer:
+                # one of each in turn, so a change in the machine's load hits both alike
+                peer_speeds += _peer_run(args.peer, replicas, args.seconds, first["rate"], k)["speeds"]
+            if k:
+                more = virtual_runs(replicas, args.seconds, 1, first["rate"], k)
+                speeds += more["speeds"]
+                builds += more["builds"]
+        med = statistics.median(speeds)
+        print(f"{replicas} x H200 qwen3-8b, capacity {first['capacity']:.2f} req/s, run at {first['rate']:.2f} req/s "
+              f"({first['n']} requests, {first['steps']} steps): median {med:.1f}x real time "
+              f"(runs: {', '.join(f'{s:.1f}' for s in speeds)}); prompts built in "
+              f"{statistics.median(builds) * 1000:.0f} ms a run; {_load()}", flush=True)
+        if args.peer:
+            pmed = statistics.median(peer_speeds)
+            print(f"  peer {args.peer}: median {pmed:.1f}x (runs: {', '.join(f'{s:.1f}' for s in peer_speeds)}); "
+                  f"this checkout {med / pmed:.2f}x the peer's speed", flush=True)
+    print(f"end: {_load()}", flush=True)
     if not args.skip_server:
         server_ceiling([float(x) for x in args.server_rates.split(",")], args.server_seconds, args.spin_ms)
 

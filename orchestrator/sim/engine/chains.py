@@ -293,8 +293,9 @@ class ChainMemory:
 
     # --- the KVMemory interface -------------------------------------------------------
     def _evict_to_fit(self) -> None:
-        over = (self.n_referenced + self.n_evictable) * BLOCK_TOKENS + self.private_tokens \
-            + self.sequences * SLACK_TOKENS - self.capacity_tokens
+        # KVMemory's sum, term for term (used_tokens + evictable - capacity): same rounding
+        over = self.n_referenced * BLOCK_TOKENS + self.private_tokens + self.sequences * SLACK_TOKENS \
+            + self.n_evictable * BLOCK_TOKENS - self.capacity_tokens
         if over > 0:
             # KVMemory frees one block at a time until over <= 0 (exact: multiples of 16 below
             # 2^52). Which blocks leave is settled when the cache is next looked at: evictions

@@ -8,11 +8,9 @@ real load generator's (DESIGN section 7): unfinished requests end as ``timeout``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import hashlib
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -95,19 +93,6 @@ def output_hash(seed: int, request_id: int, frozen: bool = False) -> str:
     """Hash of the sampled text: distinct per request unless randomness is frozen."""
     key = f"{seed}:{0 if frozen else request_id}".encode()
     return hashlib.sha256(key).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic collector off during a run: a run allocates many long-lived objects (records,
-    sequences) and few cycles, so its collections cost ~20% of the run for nothing."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _no_users(user: int, t: float) -> None:  # an open loop has no users
@@ -349,8 +334,7 @@ def simulate_open_loop(
     run.schedule_arrivals(times[:n])
     run.n_ev = n  # the sequence numbers the arrivals took when they went through the heap
     last = float(offsets[n - 1]) if n else 0.0
-    with _no_gc():
-        end = run.loop(max(last, windows.total_s) + drain_s)
+    end = run.loop(max(last, windows.total_s) + drain_s)
     return run.result(end)
 
 
@@ -389,6 +373,5 @@ def simulate_closed_loop(
     run.on_done = on_done
     for u in range(users):
         run.push(ramp_up_s * u / users, USER, u)
-    with _no_gc():
-        end = run.loop(horizon + drain_s)
+    end = run.loop(horizon + drain_s)
     return run.result(end)
