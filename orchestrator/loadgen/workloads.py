@@ -22,6 +22,7 @@ real traffic; after C x turns requests a new generation of C conversations start
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import math
@@ -90,6 +91,21 @@ def _words(rng: np.random.Generator, n: int) -> list[str]:
     return list(_VOCAB_ARR[rng.integers(0, _V, n)])
 
 
+def _text(rng: np.random.Generator, n: int) -> str:
+    """``" ".join(_words(rng, n))`` from the same draws, without a list of words on the way."""
+    if n <= 0:
+        return ""
+    return " ".join(_VOCAB_ARR[rng.integers(0, _V, n)].tolist())
+
+
+def _one_length(dist: LengthDist, rng: np.random.Generator) -> int:
+    """``sample_lengths(dist, 1, rng)[0]`` (a fixed length draws nothing: no arrays for it)."""
+    if dist.dist == "fixed" or dist.sigma == 0:
+        n = max(round(dist.mean), dist.min)  # round() halves to even, as np.rint
+        return n if dist.max is None else min(n, dist.max)
+    return int(sample_lengths(dist, 1, rng)[0])
+
+
 def _encode(value: int, digits: int) -> list[str]:
     out = []
     for _ in range(digits):
@@ -101,7 +117,13 @@ def _encode(value: int, digits: int) -> list[str]:
 def _nonce(conversation_id: int, seed: int) -> list[str]:
     if conversation_id >= _V**3:
         raise ValueError(f"too many conversations for the nonce ({conversation_id} >= {_V**3})")
-    return _encode(conversation_id, 3) + _encode(derive_seed(seed, "nonce"), 2)
+    return _encode(conversation_id, 3) + _encode(_seed_of(seed, "nonce"), 2)
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_of(seed: int, label: str) -> int:
+    # derive_seed (a sha256) once per point rather than once per conversation
+    return derive_seed(seed, label)
 
 
 def _hash(words: Sequence[str]) -> str:
@@ -120,36 +142,49 @@ def shared_prefix_words(workload: Workload, seed: int) -> list[str]:
     return _words(rng, shared_prefix_tokens(workload))
 
 
+# A prompt segment: (role, its words joined by one space, how many words).
+Segment = tuple[str, str, int]
+
+
+def _segment(role: str, words: Sequence[str]) -> Segment:
+    return role, " ".join(words), len(words)
+
+
 class _Conversation:
     """Builds one conversation's turns lazily, from its own random stream (so the content of a
     conversation does not depend on how many requests the point has)."""
 
-    def __init__(self, workload: Workload, conversation_id: int, seed: int, prefix: list[str]):
+    def __init__(self, workload: Workload, conversation_id: int, seed: int, prefix: Sequence[str],
+                 prefix_text: str | None = None):
         self.workload = workload
-        self.rng = np.random.default_rng([derive_seed(seed, "conversation"), conversation_id])
+        self.rng = np.random.default_rng([_seed_of(seed, "conversation"), conversation_id])
         p = workload.prompts
-        first_len = int(sample_lengths(p.input_tokens, 1, self.rng)[0])
+        first_len = _one_length(p.input_tokens, self.rng)
         # The prompt holds at least the prefix and the nonce (stated: tiny prompts grow to fit).
         unique = max(0, first_len - len(prefix) - NONCE_WORDS)
-        user = _nonce(conversation_id, seed) + _words(self.rng, unique)
-        self.segments: list[tuple[str, list[str]]] = []
+        nonce = " ".join(_nonce(conversation_id, seed))
+        words = _text(self.rng, unique)
+        # Segments keep their text: a 2,000-word prompt is joined once, not rebuilt word by word.
+        self.segments: list[Segment] = []
         if prefix:
-            self.segments.append(("system", prefix))
-        self.segments.append(("user", user))
+            self.segments.append(("system", " ".join(prefix) if prefix_text is None else prefix_text,
+                                  len(prefix)))
+        self.segments.append(("user", f"{nonce} {words}" if words else nonce, NONCE_WORDS + max(unique, 0)))
         self.turns_built = 1
 
-    def turn_segments(self, turn: int) -> list[tuple[str, list[str]]]:
-        """Segments (role, words) of the prompt of ``turn`` (0-based)."""
+    def turn_segments(self, turn: int) -> list[Segment]:
+        """Segments (role, text, words) of the prompt of ``turn`` (0-based)."""
         while self.turns_built <= turn:
-            reply = _words(self.rng, self.workload.output_tokens)
+            n_reply = self.workload.output_tokens
+            reply = _text(self.rng, n_reply)
             follow = self.workload.prompts.followup_tokens
             if follow is not None:
-                n_new = int(sample_lengths(follow, 1, self.rng)[0])
+                n_new = _one_length(follow, self.rng)
             else:
-                first = int(sample_lengths(self.workload.prompts.input_tokens, 1, self.rng)[0])
+                first = _one_length(self.workload.prompts.input_tokens, self.rng)
                 n_new = max(1, first - shared_prefix_tokens(self.workload))
-            self.segments.append(("assistant", reply))
-            self.segments.append(("user", _words(self.rng, n_new)))
+            self.segments.append(("assistant", reply, max(n_reply, 0)))
+            self.segments.append(("user", _text(self.rng, n_new), max(n_new, 0)))
             self.turns_built += 1
         # Turn t has the prefix (if any), then 2t+1 user/assistant segments.
         keep = (1 if self.segments[0][0] == "system" else 0) + 2 * turn + 1
@@ -169,9 +204,10 @@ class LiveSession(_Conversation):
 
     def after_reply(self, reply_text: str, request_id: int) -> RequestSpec:
         """The next turn, once ``reply_text`` (the previous turn's returned text) is in."""
-        self.segments.append(("assistant", reply_text.split()))
-        history = sum(len(seg) for _, seg in self.segments)
-        self.segments.append(("user", _words(self.rng, self._followup_len())))
+        self.segments.append(_segment("assistant", reply_text.split()))
+        history = sum(n for _, _, n in self.segments)
+        n_new = self._followup_len()
+        self.segments.append(("user", _text(self.rng, n_new), max(n_new, 0)))
         self.turn += 1
         spec = _spec(self.workload, request_id, self.session_id, self.turn, self.segments, self.prefix, self.seed)
         return dataclasses.replace(spec, history_tokens=history)
@@ -179,8 +215,8 @@ class LiveSession(_Conversation):
     def _followup_len(self) -> int:
         follow = self.workload.prompts.followup_tokens
         if follow is not None:
-            return int(sample_lengths(follow, 1, self.rng)[0])
-        first = int(sample_lengths(self.workload.prompts.input_tokens, 1, self.rng)[0])
+            return _one_length(follow, self.rng)
+        first = _one_length(self.workload.prompts.input_tokens, self.rng)
         return max(1, first - shared_prefix_tokens(self.workload))
 
 
@@ -195,19 +231,22 @@ def reply_tokens(workload: Workload, request_id: int, seed: int) -> int:
 
 
 def _spec(workload: Workload, request_id: int, cid: int, turn: int,
-          segments: Sequence[tuple[str, list[str]]], prefix: Sequence[str], seed: int) -> RequestSpec:
-    words = [w for _, seg in segments for w in seg]
+          segments: Sequence[Segment], prefix: Sequence[str], seed: int) -> RequestSpec:
+    # The words past the shared prefix are every segment after the system one (when there is a
+    # prefix, it is that segment); empty segments add no words, so they add no space either.
+    rest = " ".join([text for _, text, n in segments[1 if prefix else 0 :] if n])
+    prompt = f"{segments[0][1]} {rest}" if prefix and rest else (segments[0][1] if prefix else rest)
     chat = workload.api == "chat"
     return RequestSpec(
         request_id=request_id,
         conversation_id=cid,
         turn=turn,
-        prompt=" ".join(words),
-        prompt_tokens=len(words),
+        prompt=prompt,
+        prompt_tokens=sum(n for _, _, n in segments),
         shared_prefix_tokens=len(prefix),
         max_tokens=reply_tokens(workload, request_id, seed),
-        prompt_hash=_hash(words[len(prefix) :]),
-        messages=tuple((role, " ".join(seg)) for role, seg in segments) if chat else (),
+        prompt_hash=hashlib.sha256(rest.encode()).hexdigest()[:32],
+        messages=tuple((role, text) for role, text, _ in segments) if chat else (),
     )
 
 
@@ -238,13 +277,14 @@ def iter_requests(workload: Workload, seed: int) -> Iterator[RequestSpec]:
     is taken, so a closed loop (which cannot know its count up front) takes what it needs."""
     p = workload.prompts
     prefix = shared_prefix_words(workload, seed)
+    prefix_text = " ".join(prefix)
     slots = _Slots(p.conversations, p.turns, seed)
     convs: dict[int, _Conversation] = {}
     for i in itertools.count():
         cid, turn = slots(i)
         conv = convs.get(cid)
         if conv is None:
-            conv = convs[cid] = _Conversation(workload, cid, seed, prefix)
+            conv = convs[cid] = _Conversation(workload, cid, seed, prefix, prefix_text)
         yield _spec(workload, i, cid, turn, conv.turn_segments(turn), prefix, seed)
         if turn == p.turns - 1:
             del convs[cid]  # its last turn: free the history
