@@ -194,7 +194,9 @@ class ChainMemory:
 
     def free_tokens(self) -> float:
         """Tokens that could be allocated now (evicting cached, unused blocks as needed)."""
-        return self.capacity_tokens - self.used_tokens
+        # used_tokens spelled out: asked every step
+        return self.capacity_tokens - (self.n_referenced * BLOCK_TOKENS + self.private_tokens
+                                       + self.sequences * SLACK_TOKENS)
 
     def cached_blocks(self, hashes: Sequence[int], prompt_tokens: int) -> int:
         """Leading blocks of a prompt already cached; at least one prompt token is recomputed."""
@@ -341,7 +343,10 @@ class ChainMemory:
     def grow(self, tokens: float) -> None:
         """Running sequences wrote ``tokens`` more private tokens."""
         self.private_tokens += tokens
-        self._evict_to_fit()  # every step: kept to arithmetic (see _settle)
+        # _evict_to_fit's test inline (every step); evictions themselves wait for _settle
+        if self.n_referenced * BLOCK_TOKENS + self.private_tokens + self.sequences * SLACK_TOKENS \
+                + self.n_evictable * BLOCK_TOKENS - self.capacity_tokens > 0:
+            self._evict_to_fit()
 
     def publish(self, hashes: Sequence[int], from_block: int) -> int:
         """A prefill ended: its full prompt blocks beyond the hits become cached, shared blocks.
