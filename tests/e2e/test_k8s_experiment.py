@@ -2,7 +2,8 @@
 cluster (tests/support/kcluster): the official client reaches the emulated API server through
 KUBECONFIG, pods land on labelled H200 nodes, their vLLM containers run as simulated engines
 and the router as the real vllm-router discovering its workers through the API. Blocks run to
-a stored verdict, and the run leaves no object and no process behind."""
+a stored verdict, and the run leaves no object and no process behind. Real time with the plan's
+default guard bounds: the runs' validity is not asserted, only what load cannot change."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -46,30 +48,40 @@ def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing
         # Start-up progress was shown while the pods came up.
         assert "pods:" in r.stderr and "ready" in r.stderr, r.stderr[-2000:]
 
-        # Every block has a valid run of each arm, judged back to back on observed fingerprints.
+        # Every block ran each arm (retried while invalid: the plan's default guard bounds may
+        # fail on a loaded machine, and are right to); each run judged on observed fingerprints;
+        # every block with a valid run of each arm judged back to back.
         store = Store.open(env["ORCH_DATABASE_URL"])
         try:
             exp_id = doc["experiment"]["id"]
             runs = store.runs(exp_id)
+            pairs = {(b, a) for b in range(2) for a in "AB"}
+            assert {(r.block, r.arm) for r in runs} == pairs, [(r.block, r.arm, r.invalid_reason) for r in runs]
             valid = [r for r in runs if r.valid and r.status == "done"]
-            assert {(r.block, r.arm) for r in valid} == {(0, "A"), (0, "B"), (1, "A"), (1, "B")}, \
-                [(r.block, r.arm, r.invalid_reason) for r in runs]
-            for run in valid:
-                fp = Fingerprint.from_dict(run.fingerprint)
-                assert fp.backend == "kubernetes" and fp.gpu_type == "H200"
-                assert fp.gpu_products == ("NVIDIA-H200",) and fp.node_pools and fp.driver_versions
-                assert fp.image_digests() and set(fp.nodes) <= {"h200-a", "h200-b"}
-                assert fp.details["access_path"]["mode"] == "service"
-                assert fp.kv_transport == ("nixl/tcp" if run.arm == "B" else None)
+            assert all(n == 1 for n in Counter((r.block, r.arm) for r in valid).values()), valid
+            complete_blocks = {b for b in range(2) if {(b, "A"), (b, "B")} <= {(r.block, r.arm) for r in valid}}
+            assert doc["experiment"]["complete"] == (complete_blocks == {0, 1})
+            for run in runs:
+                assert run.status in ("done", "failed") and run.valid is not None, run
+                if run.valid or "guard failed" in (run.invalid_reason or ""):
+                    fp = Fingerprint.from_dict(run.fingerprint)
+                    assert fp.backend == "kubernetes" and fp.gpu_type == "H200"
+                    assert fp.gpu_products == ("NVIDIA-H200",) and fp.node_pools and fp.driver_versions
+                    assert fp.image_digests() and set(fp.nodes) <= {"h200-a", "h200-b"}
+                    assert fp.details["access_path"]["mode"] == "service"
+                    assert fp.kv_transport == ("nixl/tcp" if run.arm == "B" else None)
+                    assert store.guard_results(run.id)
                 points = store.points(run.id)
-                assert len(points) >= 1
+                assert len(points) >= 1 or not run.valid
                 for _, p in points.iterrows():
                     assert len(store.requests(int(p.id))) == int(p.n_scheduled)
-                b2b = [g for g in store.guard_results(run.id) if g.name == "back_to_back"]
-                assert b2b and all(g.passed for g in b2b), b2b
+                if run.valid and run.block in complete_blocks:
+                    b2b = [g for g in store.guard_results(run.id) if g.name == "back_to_back"]
+                    assert b2b and all(g.passed for g in b2b), b2b
             (verdict,) = doc["verdicts"]
-            assert verdict["verdict"] in ("ACCEPT", "REJECT", "INCONCLUSIVE") and verdict["blocks"] == 2
-            assert doc["experiment"]["complete"] is True
+            assert verdict["verdict"] in ("ACCEPT", "REJECT", "INCONCLUSIVE")
+            assert set(verdict["blocks_used"]) <= complete_blocks and verdict["blocks"] == len(verdict["blocks_used"])
+            assert (doc["gate_exit_code"] == 5) == (complete_blocks != {0, 1})
         finally:
             store.close()
 
