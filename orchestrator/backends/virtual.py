@@ -88,7 +88,10 @@ class _ArmState:
     prefix_hits: int = 0
     points: int = 0
     dead: bool = False
-    labels: str = field(default="")
+    # The last open-loop point's sent requests, their offsets and when its servers were idle
+    # again (seconds from its start): replayed before the next point, so that point meets the
+    # prefix caches (and cache-aware routing) the servers would have kept, as a real server does.
+    history: tuple[Sequence[RequestSpec], np.ndarray, float] | None = field(default=None, repr=False)
 
     def metrics_text(self) -> str:
         """vLLM's counter and gauge names, as the real-time sim server exports them."""
@@ -157,7 +160,7 @@ class VirtualDriver:
         last = float(offs[-1]) if len(offs) else 0.0
         deadline = deadline_s if deadline_s is not None else last + request_timeout_s
         n_send = int(np.searchsorted(offs, deadline, side="left"))
-        sent, hits = self._simulate(requests[:n_send], offs[:n_send], phases, deadline, request_timeout_s)
+        sent = self._simulate(requests[:n_send], offs[:n_send], phases, deadline, request_timeout_s)
         stopped_at: float | None = None
         if stop_when is not None and n_send:
             stopped_at = _first_stop(sent, offs[:n_send], deadline, stop_when)
@@ -165,9 +168,9 @@ class VirtualDriver:
                 # Nothing more is sent after the stop; in-flight requests get stop_drain_s to end.
                 n_send = int(np.searchsorted(offs, stopped_at, side="right"))
                 end = min(deadline, stopped_at + stop_drain_s)
-                sent, hits = self._simulate(requests[:n_send], offs[:n_send], phases, end, request_timeout_s)
-        self.state.prefix_queries += hits[0]
-        self.state.prefix_hits += hits[1]
+                sent = self._simulate(requests[:n_send], offs[:n_send], phases, end, request_timeout_s)
+        self._count_prefix(sent)
+        self.state.history = _history(requests[:n_send], offs[:n_send], sent, deadline) if n_send else None
         why = STOPPED_EARLY if stopped_at is not None else UNSENT
         rest = [_unsent(spec, phases[i], float(offs[i]), why)
                 for i, spec in enumerate(requests[n_send:], start=n_send)]
@@ -196,8 +199,7 @@ class VirtualDriver:
         res = sim_closed(self._cluster(), _Faulty(taken, st.faults), users, windows, think_s=think_s,
                          ramp_up_s=ramp_up_s, drain_s=max(0.0, end - windows.total_s), seed=self._seed())
         records = self._finish(res.records, [taken[i] for i in range(len(res.records))], request_timeout_s)
-        st.prefix_queries += res.prefix_queries
-        st.prefix_hits += res.prefix_hits
+        self._count_prefix(records)
         self._account(records)
         _deliver(sink, records)
         summary = summarize(records, 0.0, "virtual")
@@ -222,15 +224,36 @@ class VirtualDriver:
         return self.state.cluster
 
     def _simulate(self, requests: Sequence[RequestSpec], offsets: np.ndarray, phases: Sequence[str],
-                  end_s: float, request_timeout_s: float) -> tuple[list[RequestRecord], tuple[int, int]]:
-        """The records of one simulated open-loop point, and its (prefix queries, hits)."""
+                  end_s: float, request_timeout_s: float) -> list[RequestRecord]:
+        """The records of one simulated open-loop point (after the last point's replay)."""
         if not len(requests):
-            return [], (0, 0)
-        res = sim_open(self._cluster(), _Faulty(requests, self.state.faults), offsets, Windows(0.0, 0.0, 0.0),
+            return []
+        st = self.state
+        lead: Sequence[RequestSpec] = []
+        lead_offs, t0 = np.empty(0), 0.0
+        if st.history is not None:
+            lead, lead_offs, t0 = st.history
+        all_reqs = _Concat(lead, requests)
+        all_offs = np.concatenate([lead_offs, offsets + t0])
+        res = sim_open(self._cluster(), _Faulty(all_reqs, st.faults), all_offs, Windows(0.0, 0.0, 0.0),
                        drain_s=max(0.0, end_s - float(offsets[-1])), seed=self._seed())
-        for rec, phase in zip(res.records, phases, strict=False):
+        records = res.records[len(lead):]
+        for rec, phase in zip(records, phases, strict=False):
             rec.phase = phase
-        return self._finish(res.records, requests, request_timeout_s), (res.prefix_queries, res.prefix_hits)
+            if t0:
+                rec.scheduled_s -= t0
+                rec.sent_s = None if rec.sent_s is None else rec.sent_s - t0
+                rec.first_token_s = None if rec.first_token_s is None else rec.first_token_s - t0
+                rec.last_token_s = None if rec.last_token_s is None else rec.last_token_s - t0
+        return self._finish(records, requests, request_timeout_s)
+
+    def _count_prefix(self, records: Sequence[RequestRecord]) -> None:
+        """/metrics' prefix-cache counters (tokens looked up, tokens found) over a point's
+        requests that reached a server."""
+        for r in records:
+            if r.status != "unsent" and r.sent_s is not None:
+                self.state.prefix_queries += r.prompt_tokens
+                self.state.prefix_hits += r.cached_tokens or 0
 
     def _finish(self, records: list[RequestRecord], requests: Sequence[RequestSpec],
                 request_timeout_s: float) -> list[RequestRecord]:
@@ -282,6 +305,41 @@ class _Faulty(Sequence[RequestSpec]):
         if self.faults.ignore_max_tokens or self.faults.ignore_max_tokens_streaming:
             return replace(spec, max_tokens=2 * spec.max_tokens + 1)
         return spec
+
+
+@dataclass(frozen=True)
+class _Concat(Sequence[RequestSpec]):
+    """Two request lists read as one (the replayed last point, then this one)."""
+
+    first: Sequence[RequestSpec]
+    second: Sequence[RequestSpec]
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
+    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self.first)
+        return self.first[i] if i < n else self.second[i - n]
+
+
+SETTLE_S = 30.0  # the point runner waits up to this for idle servers before the next point
+
+
+def _history(requests: Sequence[RequestSpec], offsets: np.ndarray, records: Sequence[RequestRecord],
+             deadline: float) -> tuple[Sequence[RequestSpec], np.ndarray, float]:
+    """What the next point replays first, and when it starts (seconds after this point's
+    start): once every reply ended, or the deadline plus the runner's settle wait if some never
+    did (a simulated server finishes what it took, as the real-time one does)."""
+    ends = [r.last_token_s for r in records if r.last_token_s is not None]
+    done = all(r.status == "ok" for r in records)
+    idle = max([float(offsets[-1]), *ends]) if done else deadline + SETTLE_S
+    return list(requests), np.asarray(offsets, dtype=np.float64).copy(), idle + 1.0
 
 
 def _unsent(spec: RequestSpec, phase: str, offset: float, why: str) -> RequestRecord:

