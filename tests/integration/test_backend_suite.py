@@ -182,10 +182,14 @@ class TestKubernetesBackend(BackendSuite):
 
 
 def test_every_backend_the_executor_can_build_is_bound_here_or_in_the_vllm_tier() -> None:
-    """A new backend needs a binding of the suite."""
+    """A new backend needs a binding of the suite (the virtual backend, which speaks no HTTP,
+    has the contract's other meanings in test_backend_virtual.py)."""
     from orchestrator.control.session import BACKENDS
 
     bound = {"sim", "external", "kubernetes"}
+    virtual = Path(__file__).with_name("test_backend_virtual.py")
+    assert virtual.exists() and "VirtualBackend" in virtual.read_text()
+    bound |= {"virtual"}
     local = Path(__file__).resolve().parents[1] / "vllm" / "test_backend_suite_local.py"
     assert local.exists() and "BackendSuite" in local.read_text()
     assert set(BACKENDS) == bound | {"local"}
