@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast, overload
 
@@ -106,8 +106,10 @@ class _Taken(Sequence[RequestSpec]):
     closed loop's count is known only when its point ends): its length is always one past the
     last index read, until the iterator runs out."""
 
-    def __init__(self, it: Iterator[RequestSpec]):
+    def __init__(self, it: Iterator[RequestSpec], served: Callable[[RequestSpec], RequestSpec]):
         self._it, self._items, self._read, self._done = it, cast(list[RequestSpec], []), 0, False
+        self.taken: list[RequestSpec] = []  # as the client sent them (``_items``: as served)
+        self._served = served
 
     def _fill(self, n: int) -> None:
         while not self._done and len(self._items) < n:
@@ -115,7 +117,8 @@ class _Taken(Sequence[RequestSpec]):
             if nxt is None:
                 self._done = True
             else:
-                self._items.append(nxt)
+                self.taken.append(nxt)
+                self._items.append(self._served(nxt))
 
     def __len__(self) -> int:
         self._fill(self._read + 1)
@@ -194,11 +197,11 @@ class VirtualDriver:
         measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
         windows = Windows(warmup_s, measure, max(0.0, duration_s - warmup_s - measure))
         end = deadline_s if deadline_s is not None else duration_s + request_timeout_s
-        taken = _Taken(iter(requests))
         st = self.state
-        res = sim_closed(self._cluster(), _Faulty(taken, st.faults), users, windows, think_s=think_s,
+        taken = _Taken(iter(requests), lambda spec: _as_served(spec, st.faults))
+        res = sim_closed(self._cluster(), taken, users, windows, think_s=think_s,
                          ramp_up_s=ramp_up_s, drain_s=max(0.0, end - windows.total_s), seed=self._seed())
-        records = self._finish(res.records, [taken[i] for i in range(len(res.records))], request_timeout_s)
+        records = self._finish(res.records, taken.taken[:len(res.records)], request_timeout_s)
         self._count_prefix(records)
         self._account(records)
         _deliver(sink, records)
@@ -233,9 +236,9 @@ class VirtualDriver:
         lead_offs, t0 = np.empty(0), 0.0
         if st.history is not None:
             lead, lead_offs, t0 = st.history
-        all_reqs = _Concat(lead, requests)
+        served = [_as_served(spec, st.faults) for spec in (*lead, *requests)]
         all_offs = np.concatenate([lead_offs, offsets + t0])
-        res = sim_open(self._cluster(), _Faulty(all_reqs, st.faults), all_offs, Windows(0.0, 0.0, 0.0),
+        res = sim_open(self._cluster(), served, all_offs, Windows(0.0, 0.0, 0.0),
                        drain_s=max(0.0, end_s - float(offsets[-1])), seed=self._seed())
         records = res.records[len(lead):]
         for rec, phase in zip(records, phases, strict=False):
@@ -284,48 +287,11 @@ class VirtualDriver:
             st.dead = True
 
 
-@dataclass(frozen=True)
-class _Faulty(Sequence[RequestSpec]):
-    """The requests as a faulty server reads them (one that ignores max_tokens runs on)."""
-
-    requests: Sequence[RequestSpec]
-    faults: Faults
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    @overload
-    def __getitem__(self, i: int) -> RequestSpec: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
-    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
-        if isinstance(i, slice):
-            return _Faulty(self.requests[i], self.faults)
-        spec = self.requests[i]
-        if self.faults.ignore_max_tokens or self.faults.ignore_max_tokens_streaming:
-            return replace(spec, max_tokens=2 * spec.max_tokens + 1)
-        return spec
-
-
-@dataclass(frozen=True)
-class _Concat(Sequence[RequestSpec]):
-    """Two request lists read as one (the replayed last point, then this one)."""
-
-    first: Sequence[RequestSpec]
-    second: Sequence[RequestSpec]
-
-    def __len__(self) -> int:
-        return len(self.first) + len(self.second)
-
-    @overload
-    def __getitem__(self, i: int) -> RequestSpec: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[RequestSpec]: ...
-    def __getitem__(self, i: int | slice) -> RequestSpec | Sequence[RequestSpec]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self.first)
-        return self.first[i] if i < n else self.second[i - n]
+def _as_served(spec: RequestSpec, faults: Faults) -> RequestSpec:
+    """A request as a faulty server reads it (one that ignores max_tokens runs on)."""
+    if faults.ignore_max_tokens or faults.ignore_max_tokens_streaming:
+        return replace(spec, max_tokens=2 * spec.max_tokens + 1)
+    return spec
 
 
 SETTLE_S = 30.0  # the point runner waits up to this for idle servers before the next point

@@ -90,3 +90,32 @@ def test_unknown_fault_flags_are_refused() -> None:
 
     with pytest.raises(UserError, match="unknown fault flag"):
         VirtualBackend(faults={("A", 0, 0): ["--fault-nope"]})
+
+
+def test_a_closed_loop_plan_runs_in_virtual_time(store, tmp_path) -> None:
+    """A closed loop of N users through the executor on the virtual backend: one point at N
+    users per run, never more than N requests in flight, each user's next request scheduled
+    after its reply (plus think time), every run valid."""
+    from tests.e2e.helpers import run_virtual
+
+    plan = small_plan(name="vt-closed", workload={
+        "closed": {"users": 4, "think_s": 0.05}, "output_tokens": 32,
+        "prompts": {"input_tokens": {"mean": 1000}, "conversations": 100000}},
+        search={"rate": {"min": 0.5, "max": 8}, "point_s": 3, "warmup_s": 0.5, "cooldown_s": 0})
+    out = run_virtual(store, plan, tmp_path / "state")
+    runs = store.runs(out.experiment_id)
+    assert sorted(r.arm for r in runs) == ["A", "B"] and all(r.valid for r in runs), [r.invalid_reason for r in runs]
+    for run in runs:
+        (pt,) = store.points(run.id).itertuples()
+        assert pt.users == 4 and pt.context["loop"]["kind"] == "closed"
+        recs = sorted(store.requests(int(pt.id)), key=lambda r: r.scheduled_s)
+        assert recs and all(r.status == "ok" for r in recs)
+        events = sorted([(r.scheduled_s, 1) for r in recs] + [(r.last_token_s, -1) for r in recs])
+        level = peak = 0
+        for _, d in events:
+            level += d
+            peak = max(peak, level)
+        assert peak <= 4
+        ends = sorted(r.last_token_s + 0.05 for r in recs)
+        # After the first four sends, each send is some user's reply plus its think time.
+        assert all(any(abs(r.scheduled_s - e) < 1e-9 for e in ends) for r in recs[4:])
