@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,7 +59,18 @@ def _on_sqlite_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA busy_timeout=10000")  # first: switching to WAL waits for other openers
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA journal_mode=WAL")
+    # Switching a new file to WAL can fail at once with "database is locked" while another
+    # process switches it (SQLite does not wait on the busy timeout there, to avoid a
+    # deadlock): six processes opening a new file together hit it. Retry within the timeout.
+    deadline = time.monotonic() + 10  # the busy timeout
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005 + random.random() * 0.02)
     cur.close()
 
 
