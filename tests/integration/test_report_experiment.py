@@ -1,23 +1,26 @@
-"""The report, exports and history views of one finished experiment on the sim backend.
+"""The report, exports and history views of one finished experiment, built in virtual time.
 
-One small experiment (two blocks, 1 vs 2 simulated replicas behind the real vllm-router) is
-run once for the whole module; every test reads it. A failed attempt with a failed guard is
-added through the Store, as the executor stores one, so the page must show it.
+One small experiment (two blocks, 1 vs 2 simulated replicas) is run once on the virtual backend
+(the real executor, point runner, guards, store and verdicts; the simulated engine on its own
+clock), and every test reads it. A failed attempt with a failed guard is added through the
+Store, as the executor stores one, so the page must show it.
 
-The experiment runs in real time with the plan's default guard bounds, so which of its runs are
-valid depends on the machine's load. The tests assert that the report, exports and history say
-what the store holds, whichever runs that is: every run listed with its validity and failed
-guards, the latency figure exactly when a valid run reached a capacity, history rows exactly for
-the configurations with a counted capacity."""
+Virtual time is deterministic, so the fixture asserts what this plan gives (every run of every
+block and arm valid, with a converged, uncensored capacity) and the tests assert that the report,
+exports and history say what the store holds: every run listed with its validity and failed
+guards, the latency figure, a history row for each configuration. What is about real time (HTTP,
+the router, send lag) is the real-time tier's, not this file's. The virtual servers export the
+requests running and waiting and the prefix-cache counters, not vllm:kv_cache_usage_perc: the
+server-metrics figure is drawn with its KV-cache panel empty."""
 
 from __future__ import annotations
 
 import html.parser
 import json
+import math
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,14 +32,14 @@ import yaml
 
 from orchestrator.report import llmd_schema as br
 from orchestrator.report import render_report, write_report
-from orchestrator.report.data import load_experiment
+from orchestrator.report.data import load_experiment, server_series
 from orchestrator.store import Store
-from tests.e2e.helpers import BASE, ROOT, run_in_process, small_plan
+from tests.e2e.helpers import BASE, orch_here, run_virtual, small_plan
 
 # One worker builds the module's experiment once (under pytest-xdist a module split over two
-# workers would run it twice). The fixture is session-scoped: xdist may interleave other
+# workers would build it twice). The fixture is session-scoped: xdist may interleave other
 # modules' tests on that worker, and a module-scoped fixture is rebuilt after each interleaving.
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("report-experiment")]
+pytestmark = pytest.mark.xdist_group("report-experiment")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FAILED_GUARD = ("generator_lag", False, 87.5, 50.0, "p99 send lag 87.5 ms over the 50 ms bound")
@@ -72,7 +75,14 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
     state = tmp / "state"
     state.mkdir()
     with Store.open(url) as store:
-        out = run_in_process(store, plan, state)
+        out = run_virtual(store, plan, state)
+        # What this plan gives in virtual time (the same every run): each block ran each arm
+        # once, valid, and each search converged on an uncensored capacity.
+        runs = store.runs(out.experiment_id)
+        assert sorted((r.block, r.arm) for r in runs) == [(b, a) for b in range(2) for a in "AB"], runs
+        assert all(r.valid and r.status == "done" for r in runs), runs
+        caps = store.capacities(out.experiment_id)
+        assert len(caps) == len(runs) and caps.converged.all() and caps.censored.isna().all(), caps
         # A failed attempt as the executor records one: its guard failed at a point.
         config_id = store.deployment_config(plan, "A")
         run_id = store.start_run(out.experiment_id, "A", 0, 0, 7, config_id)
@@ -80,14 +90,15 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Finished]:
                                       n_scheduled=0, valid=False, search_class="standard")
         store.record_guards(run_id, point_id, [FAILED_GUARD])
         store.finish_run(run_id, "failed", False, "guard failed at 3 req/s: generator_lag",
-                         {"backend": "sim", "gpu_type": "H100-PCIe"})
+                         {"backend": "virtual", "gpu_type": "H100-PCIe"})
     yield Finished(url, out.experiment_name, out.experiment_id, run_id, tmp)
 
 
-def orch(*args: str, url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ORCH_DATABASE_URL": url}
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], cwd=ROOT,
-                          capture_output=True, text=True, env=env, timeout=300)
+def orch(*args: str, url: str, monkeypatch: pytest.MonkeyPatch,
+         capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`orch ARGS` against the experiment's store, in this process: (exit code, stdout, stderr)."""
+    monkeypatch.delenv("ORCH_DEBUG", raising=False)
+    return orch_here(*args, env={"ORCH_DATABASE_URL": url}, monkeypatch=monkeypatch, capsys=capsys)
 
 
 class Page(html.parser.HTMLParser):
@@ -152,10 +163,10 @@ def test_report_renders_with_every_section_and_existing_images(finished: Finishe
     page = parse(index)
     # Self-contained: every fetched resource is a relative file beside the page, and it is a PNG:
     # the verdicts, load curves and server metrics always; latency at capacity when a valid run
-    # reached one.
+    # reached one (here every run did).
     names = {Path(src).name for src in page.fetched}
     assert names >= {"verdicts.png", "load-standard.png", "server-metrics.png"}, names
-    assert ("latency-standard.png" in names) == bool(at_capacity), (names, at_capacity)
+    assert at_capacity and ("latency-standard.png" in names) == bool(at_capacity), (names, at_capacity)
     for src in page.fetched:
         assert "://" not in src and not src.startswith("/"), src
         f = index.parent / src
@@ -181,6 +192,7 @@ def test_report_renders_with_every_section_and_existing_images(finished: Finishe
     assert "INVALID" in failed[5]
     assert "generator_lag: 87.5 vs 50 at 3 req/s" in failed[8]
     by_id = {str(x.id): x for x in runs}
+    assert sum(1 for x in runs if x.valid) == len(runs) - 1  # all but the failed attempt
     for r in run_rows:
         run = by_id[r[0]]
         if run.valid:
@@ -194,25 +206,42 @@ def test_report_renders_with_every_section_and_existing_images(finished: Finishe
     assert len(page.tables["capacities"]) - 1 == n_capacities
 
 
-def test_report_command_prints_the_document_and_figure_paths(finished: Finished, tmp_path: Path) -> None:
-    r = orch("report", finished.experiment, "--out", str(tmp_path / "r"), "--json", url=finished.url)
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+def test_server_metrics_have_a_scrape_of_every_executed_run(finished: Finished) -> None:
+    """The server-metrics figure's data: requests running and waiting for each run the executor
+    ran (the virtual servers export no KV-cache use: that panel is empty, NaN)."""
+    with Store.open(finished.url) as store:
+        data = load_experiment(store, finished.experiment_id)
+        ran = {r.id for r in store.runs(finished.experiment_id)} - {finished.failed_run_id}
+    series = server_series(data.metrics)
+    assert set(series.run_id) == ran, (set(series.run_id), ran)
+    assert not series.running.isna().any() and not series.waiting.isna().any()
+    assert all(math.isnan(v) or 0 <= v <= 1 for v in series.prefix_hit_rate)
+
+
+def test_report_command_prints_the_document_and_figure_paths(finished: Finished, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = orch("report", finished.experiment, "--out", str(tmp_path / "r"), "--json",
+                                url=finished.url, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    doc = json.loads(stdout)
     assert Path(doc["index"]).is_file()
     with Store.open(finished.url) as store:
         at_capacity = load_experiment(store, finished.experiment_id).capacity_points("standard")
     figures = {Path(f).name for f in doc["figures"]}
     assert figures >= {"verdicts.png", "load-standard.png", "server-metrics.png"}, figures
-    assert ("latency-standard.png" in figures) == bool(at_capacity), (figures, at_capacity)
+    assert at_capacity and ("latency-standard.png" in figures) == bool(at_capacity), (figures, at_capacity)
     assert all(Path(f).stat().st_size > 0 for f in doc["figures"])
     assert [v["bar"] for v in doc["verdicts"]] == ["standard-capacity"]
     assert "one-sided" in doc["verdicts"][0]["label"] and isinstance(doc["verdicts"][0]["blocks_used"], list)
     assert all("censoring" in c for c in doc["capacities"])
     failed = next(x for x in doc["runs"] if x["run_id"] == finished.failed_run_id)
     assert failed["guards_failed"][0]["value"] == 87.5 and failed["guards_failed"][0]["threshold"] == 50.0
-    missing = orch("report", "no-such-experiment", "--out", str(tmp_path / "x"), url=finished.url)
-    assert missing.returncode == 1 and "Traceback" not in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    # An unknown experiment: exit 1 and one line (an exception out of main would be the traceback).
+    code, _, stderr = orch("report", "no-such-experiment", "--out", str(tmp_path / "x"), url=finished.url,
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
 
 
 # -- headless Chromium -------------------------------------------------------------------------
@@ -262,11 +291,12 @@ def test_headless_chromium_loads_the_page_and_finds_the_verdict_table(finished: 
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
-def test_export_round_trips_row_counts(finished: Finished, tmp_path: Path, fmt: str) -> None:
-    r = orch("export", finished.experiment, "--format", fmt, "--out", str(tmp_path), "--json",
-             url=finished.url)
-    assert r.returncode == 0, r.stderr[-2000:]
-    doc = json.loads(r.stdout)
+def test_export_round_trips_row_counts(finished: Finished, tmp_path: Path, fmt: str,
+                                       monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = orch("export", finished.experiment, "--format", fmt, "--out", str(tmp_path), "--json",
+                                url=finished.url, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    doc = json.loads(stdout)
     read = pd.read_parquet if fmt == "parquet" else pd.read_csv
     points, requests = read(tmp_path / f"points.{fmt}"), read(tmp_path / f"requests.{fmt}")
     with Store.open(finished.url) as store:
@@ -286,11 +316,13 @@ def test_export_round_trips_row_counts(finished: Finished, tmp_path: Path, fmt: 
     assert (ok.ttft_s - (ok.first_token_s - ok.scheduled_s)).abs().max() < 1e-9
 
 
-def test_llmd_export_writes_one_valid_v0_2_report_per_point(finished: Finished, tmp_path: Path) -> None:
-    r = orch("export", finished.experiment, "--format", "llmd", "--out", str(tmp_path), "--json",
-             url=finished.url)
-    assert r.returncode == 0, r.stderr[-2000:]
-    files = [Path(f) for f in json.loads(r.stdout)["files"]["reports"]]
+def test_llmd_export_writes_one_valid_v0_2_report_per_point(finished: Finished, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = orch("export", finished.experiment, "--format", "llmd", "--out", str(tmp_path), "--json",
+                                url=finished.url, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    files = [Path(f) for f in json.loads(stdout)["files"]["reports"]]
     with Store.open(finished.url) as store:
         runs = {x.id: x for x in store.runs(finished.experiment_id)}
         points = {int(p.id): p for rid in runs for p in store.points(rid).itertuples()}
@@ -321,7 +353,8 @@ def test_llmd_export_writes_one_valid_v0_2_report_per_point(finished: Finished, 
 # -- history ----------------------------------------------------------------------------------
 
 
-def test_capacity_table_and_plot(finished: Finished, tmp_path: Path) -> None:
+def test_capacity_table_and_plot(finished: Finished, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
     with Store.open(finished.url) as store:
         caps = store.capacities(finished.experiment_id)
     # What history counts: valid finished runs' converged, uncensored capacities.
@@ -329,16 +362,21 @@ def test_capacity_table_and_plot(finished: Finished, tmp_path: Path) -> None:
                    & caps.converged.fillna(False).astype(bool)]
     arms = set(counted.arm)
     png = tmp_path / "history" / "capacity.png"
-    r = orch("capacity", "--model", "qwen3-8b", "--plot", str(png), url=finished.url)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert arms == {"A", "B"}, counted  # every run of this plan counts (the fixture's check)
+    code, stdout, stderr = orch("capacity", "--model", "qwen3-8b", "--plot", str(png), url=finished.url,
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
     # One line per configuration measured: 1 replica (arm A), 2 replicas (arm B).
-    assert ("1x TP1" in r.stdout) == ("A" in arms) and ("2x TP1" in r.stdout) == ("B" in arms), (r.stdout, arms)
-    if arms:
-        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
-    else:
-        assert not png.exists() and "no valid runs match these filters" in r.stdout + r.stderr
-    bad = orch("capacity", "--plot", str(tmp_path / "c.svg"), url=finished.url)
-    assert bad.returncode == 1 and "--plot" in bad.stderr
+    assert ("1x TP1" in stdout) == ("A" in arms) and ("2x TP1" in stdout) == ("B" in arms), (stdout, arms)
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+    # Filters that match no run: said so, and no plot drawn.
+    empty = tmp_path / "history" / "none.png"
+    code, stdout, stderr = orch("capacity", "--model", "no-such-model", "--plot", str(empty), url=finished.url,
+                                monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and not empty.exists() and "no valid runs match these filters" in stdout + stderr
+    code, _, stderr = orch("capacity", "--plot", str(tmp_path / "c.svg"), url=finished.url,
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "--plot" in stderr
 
 
 def test_render_report_refuses_a_file_as_out_dir(finished: Finished, tmp_path: Path) -> None:
