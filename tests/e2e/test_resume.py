@@ -29,7 +29,10 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def test_killed_run_resumes_without_losing_or_duplicating(tmp_path: Path) -> None:
-    plan = dict(BASE, name="e2e-resume", design={"blocks": 2, "order": "ABBA", "seed": 3, "max_retries": 1})
+    # One block, two points a search: the kill lands in the block's second run (or a retry);
+    # the resume's exact outcome over two blocks is the virtual-time test below.
+    plan = dict(BASE, name="e2e-resume", design={"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1},
+                search={**BASE["search"], "max_points": 2})
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan))
     db = f"sqlite:///{tmp_path / 'orch.sqlite'}"
@@ -85,7 +88,7 @@ def test_killed_run_resumes_without_losing_or_duplicating(tmp_path: Path) -> Non
         # Every (block, arm) was run to its end after the resume: valid, or failed on each allowed
         # attempt (a timing guard on a loaded machine); none is left running.
         assert not [r for r in runs if r.status == "running"]
-        for block in (0, 1):
+        for block in (0,):
             for arm in "AB":
                 tries = [r for r in runs if (r.block, r.arm) == (block, arm)]
                 assert (block, arm) in valid or sum(1 for r in tries if r.status == "failed") == 2, tries
