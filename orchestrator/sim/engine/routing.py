@@ -55,6 +55,20 @@ class Router:
         self.loads[i] += 1
         return i
 
+    @property
+    def oblivious(self) -> bool:
+        """True when picks depend on nothing the run does (loads, trees): only on the order
+        of the requests and their conversations, so they can be made beforehand."""
+        return self.n == 1 or self.policy in ("round_robin", "random", "consistent_hash")
+
+    def choose_ahead(self, conversation_id: int = 0) -> int:
+        """An oblivious router's next pick, made beforehand (``count`` it when it is sent)."""
+        return self._choose((), 0, conversation_id)
+
+    def count(self, i: int) -> None:
+        """A request picked beforehand (``choose_ahead``) is sent to worker ``i``."""
+        self.loads[i] += 1
+
     def done(self, i: int) -> None:
         """A request sent to worker ``i`` returned."""
         self.loads[i] -= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, cast
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 ARRIVE, STEP_END, WAKE, USER, SUBMIT = range(5)
+_INF = float("inf")
 
 
 class RequestLike(Protocol):
@@ -136,6 +138,13 @@ class _Run:
         self.arrival_times: list[float] = []  # open loop (schedule_arrivals)
         self.arrival_index: list[int] = []
         self.next_arrival = 0
+        # Open loop, one pool, no front end and a router that ignores the workers' state
+        # (schedule_arrivals): each arrival's worker is known beforehand and workers touch
+        # nothing of each other's, so a worker may step ahead of the others up to its next
+        # arrival; per worker, its arrivals' positions in arrival_times, in order.
+        self.ahead: list[deque[int]] | None = None
+        self.routes: list[int] = []
+        self.last_t = 0.0
 
     def push(self, t: float, kind: int, a: int) -> None:
         self.n_ev += 1
@@ -163,7 +172,8 @@ class _Run:
             self.wake_at[wi] = wake
             self.push(max(wake, now), WAKE, wi)
 
-    def arrive(self, i: int, now: float, phase: str) -> None:
+    def arrive(self, i: int, now: float, phase: str, wi: int = -1) -> None:
+        """Request ``i`` is sent (to worker ``wi`` when routed beforehand)."""
         r = self.requests[i]
         rec = RequestRecord(
             request_id=r.request_id,
@@ -178,7 +188,10 @@ class _Run:
         )
         self.records[i] = rec
         hashes = self.hashes_of(i)
-        wi = self.router.pick(hashes, r.prompt_tokens, r.conversation_id)
+        if wi < 0:
+            wi = self.router.pick(hashes, r.prompt_tokens, r.conversation_id)
+        else:
+            self.router.count(wi)
         max_tokens = 1 if self.back else r.max_tokens
         seq = Seq(key=i, prompt_tokens=r.prompt_tokens, max_tokens=max_tokens, hashes=hashes, tag=(i, wi))
         self.outstanding += 1
@@ -195,7 +208,7 @@ class _Run:
             self.submit(seq, now)
 
     def submit(self, seq: Seq, now: float) -> None:
-        _, wi = cast(tuple[int, int], seq.tag)
+        _, wi = cast("tuple[int, int]", seq.tag)  # a string: no subscript built at each call
         w = self.workers[wi]
         if w.model.frontend_cpu_s and self.busy[wi]:
             w.charge_host(w.model.frontend_cpu_s)
@@ -204,9 +217,15 @@ class _Run:
 
     def step_end(self, wi: int, now: float) -> None:
         self.busy[wi] = False
+        self.step_done(wi, now)
+        self.kick(wi, now)
+
+    def step_done(self, wi: int, now: float) -> None:
+        """A step of worker ``wi`` ended at ``now``: its finished sequences move on (not the
+        worker's next step: the caller's kick)."""
         res = self.workers[wi].end_step(now)
         for seq in res.finished:
-            i, w_from = cast(tuple[int, int], seq.tag)  # the (request, worker) tag arrive() set
+            i, w_from = cast("tuple[int, int]", seq.tag)  # the (request, worker) tag arrive() set
             if self.back and wi < len(self.front):
                 self.router.done(w_from)
                 self.front_seq[i] = seq
@@ -233,7 +252,45 @@ class _Run:
                 self.finish(i, seq)
                 if self.on_done is not None:
                     self.on_done(i, now)
-        self.kick(wi, now)
+
+    def _steps(self, a: int, t: float, until: float, k: int) -> None:
+        """Worker ``a``'s step ended at ``t``: its steps back to back, without the heap, while
+        the next one ends before anything that could touch it (strictly: on a tie the other
+        event, pushed or scheduled earlier, went first) and by ``until``. Anything is every
+        other event; with independent workers (``ahead``), the next arrival routed to ``a``.
+        The sequence numbers advance as if each step went through the heap; ``last_t`` is
+        the latest step end handled."""
+        events, busy, w = self.events, self.busy, self.workers[a]
+        if self.ahead is not None:
+            q = self.ahead[a]
+            before = self.arrival_times[q[0]] if q else _INF
+        else:
+            before = self.arrival_times[k] if k < len(self.arrival_times) else _INF
+        while True:
+            busy[a] = False
+            self.step_done(a, t)
+            last = t
+            dur = w.begin_step(t)
+            if dur is None:
+                self.kick(a, t)  # idle: a wake-up if transfers are pending
+                break
+            busy[a] = True
+            self.n_ev += 1
+            t += dur
+            if events and events[0][0] < before and self.ahead is None:
+                before = events[0][0]  # step_done may have pushed one (a user, a decode step)
+            if not (t < before and t <= until):
+                heapq.heappush(events, (t, self.n_ev, STEP_END, a))
+                break
+            t, n = w.quiet_steps(t, before, until)
+            if n:
+                self.n_ev += n
+                last = w.ends[-1]
+                if not (t < before and t <= until):
+                    heapq.heappush(events, (t, self.n_ev, STEP_END, a))
+                    break
+        if last > self.last_t:
+            self.last_t = last
 
     def finish(self, i: int, seq: Seq) -> None:
         rec = self.records[i]
@@ -265,8 +322,14 @@ class _Run:
                     if t > until:
                         break
                     now = t
-                    k += 1
-                    self.arrive(arr_i[k - 1], t, self._phase(t))
+                    if self.ahead is not None:
+                        wi = self.routes[k]
+                        self.ahead[wi].popleft()
+                        k += 1
+                        self.arrive(arr_i[k - 1], t, self._phase(t), wi)
+                    else:
+                        k += 1
+                        self.arrive(arr_i[k - 1], t, self._phase(t))
                     continue
                 if not events:
                     break
@@ -276,7 +339,7 @@ class _Run:
                     break
                 now = t
                 if kind == STEP_END:
-                    self.step_end(a, t)
+                    self._steps(a, t, until, k)
                 elif kind == WAKE:
                     self.wake_at[a] = None
                     self.kick(a, t)
@@ -288,7 +351,7 @@ class _Run:
                     self.arrive(a, t, self._phase(t))
         finally:
             self.next_arrival = k
-        return now
+        return max(now, self.last_t)  # the last event handled (a worker may have stepped ahead)
 
     def schedule_arrivals(self, offsets: Sequence[float]) -> None:
         """Request i arrives at offsets[i] (in time order; by index on ties, as the heap did)."""
@@ -296,6 +359,13 @@ class _Run:
         self.arrival_times = [float(offsets[i]) for i in order]
         self.arrival_index = order
         self.next_arrival = 0
+        if (not self.back and self.router.oblivious
+                and not any(w.model.frontend_latency_s or w.model.frontend_cpu_s for w in self.front)):
+            reqs = self.requests
+            self.routes = [self.router.choose_ahead(reqs[i].conversation_id) for i in order]
+            self.ahead = [deque() for _ in self.front]
+            for pos, wi in enumerate(self.routes):
+                self.ahead[wi].append(pos)
 
     def _phase(self, t: float) -> str:
         return self.windows.phase(t)

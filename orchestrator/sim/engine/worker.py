@@ -248,6 +248,53 @@ class Worker:
         self.step_no += 1
         return StepResult(end, dur, firsts, finished, decoded)
 
+    def quiet_steps(self, t: float, before: float, until: float) -> tuple[float, int]:
+        """Virtual time's shortcut for plain decode steps: with the pending step ending at
+        ``t``, end it and begin the next (``end_step`` then ``begin_step``, the same arithmetic),
+        again while both are plain (only decodes, none finishing, nothing waiting, no
+        preemption, stall or emissions) and each next step ends before ``before`` and by
+        ``until``. Returns when the pending step ends and how many steps were ended here."""
+        decoding = self.decoding
+        n_dec = len(decoding)
+        if (self._plan or not n_dec or n_dec != self._plan_dec or self.waiting or self.prefilling
+                or self.transferring or self.track or self.stall_every):
+            return t, 0
+        heap, mem = self.finish_heap, self.memory
+        need = n_dec * self._ceil_e
+        gain = n_dec * self.e
+        gen = int(round(gain))
+        step_time = self.model.step_time_pairs
+        no_chunks: list[tuple[int, int]] = []
+        durations, ends, steps, durs = self.durations, self.ends, self._peak_steps, self._peak_durs
+        step = self.step_no
+        n = 0
+        while heap and heap[0][0] > step and mem.free_tokens() >= need:
+            # end the pending step: a plain decode step
+            dur = self._pending_s
+            durations.append(dur)
+            ends.append(t)
+            while durs and durs[-1] <= dur:
+                durs.pop()
+                steps.pop()
+            steps.append(step)
+            durs.append(dur)
+            self.dec_context += gain
+            self.generation_tokens_total += gen
+            step += 1
+            self.step_no = step
+            n += 1
+            # begin the next
+            dur = step_time(n_dec, self.dec_context, no_chunks)
+            if self._host_debt_s:
+                dur += self._host_debt_s
+                self._host_debt_s = 0.0
+            self._pending_s = dur
+            mem.grow(gain)
+            t += dur
+            if not (t < before and t <= until):
+                break
+        return t, n
+
     def _end_prefills(self, step: int, end: float, firsts: list[Sequence], finished: list[Sequence],
                       decoded: list[tuple[Sequence, int]]) -> None:
         mem = self.memory
