@@ -343,10 +343,14 @@ class ChainMemory:
     def grow(self, tokens: float) -> None:
         """Running sequences wrote ``tokens`` more private tokens."""
         self.private_tokens += tokens
-        # _evict_to_fit's test inline (every step); evictions themselves wait for _settle
-        if self.n_referenced * BLOCK_TOKENS + self.private_tokens + self.sequences * SLACK_TOKENS \
-                + self.n_evictable * BLOCK_TOKENS - self.capacity_tokens > 0:
-            self._evict_to_fit()
+        # _evict_to_fit inline (every step; a full cache evicts at most of them); the evictions
+        # themselves wait for _settle
+        over = self.n_referenced * BLOCK_TOKENS + self.private_tokens + self.sequences * SLACK_TOKENS \
+            + self.n_evictable * BLOCK_TOKENS - self.capacity_tokens
+        if over > 0:
+            need = min(math.ceil(over / BLOCK_TOKENS), self.n_evictable)
+            self.n_evictable -= need
+            self._owed += need
 
     def publish(self, hashes: Sequence[int], from_block: int) -> int:
         """A prefill ended: its full prompt blocks beyond the hits become cached, shared blocks.

@@ -254,10 +254,10 @@ class Worker:
         again while both are plain (only decodes, none finishing, nothing waiting, no
         preemption, stall or emissions) and each next step ends before ``before`` and by
         ``until``. Returns when the pending step ends and how many steps were ended here."""
-        decoding = self.decoding
-        n_dec = len(decoding)
-        if (self._plan or not n_dec or n_dec != self._plan_dec or self.waiting or self.prefilling
-                or self.transferring or self.track or self.stall_every):
+        if self._plan or self.waiting or self.prefilling or self.transferring or self.track or self.stall_every:
+            return t, 0  # the usual way out (a prefill step): first, cheapest
+        n_dec = len(self.decoding)
+        if not n_dec or n_dec != self._plan_dec:
             return t, 0
         heap, mem = self.finish_heap, self.memory
         need = n_dec * self._ceil_e
