@@ -6,7 +6,10 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: install demo test test-unit test-integration test-e2e test-vllm vllm lint clean
 
+# The simulator's engine compiled with mypyc into the per-user cache, keyed by its sources (a
+# no-op when built; without a C compiler it warns and the interpreted engine runs).
 install: $(STAMP)
+	@$(PY) -m orchestrator.sim.native build --optional
 
 # Re-installs only when pyproject.toml changed; uv's per-user cache makes a fresh clone quick.
 $(STAMP): pyproject.toml

@@ -5,6 +5,8 @@
    (standard class, found first by a capacity search on short virtual points). Target (issue
    #27): >= 500x real time for 4 replicas, >= 2,000x for one, on one core. Medians of a few
    repeats (the prompts are built before the clock starts; their build time is printed apart).
+   The engine is the compiled build `make install` makes when present (the start line says
+   which; ``ORCH_SIM_COMPILED=0`` times the interpreted one).
    ``--peer PATH`` times the same points with another checkout's code (e.g. a ``git worktree``
    of the landed commit) in a subprocess, repeat for repeat alternating with this one, and
    prints both figures and their ratio; the load average is printed at start and end.
@@ -203,7 +205,10 @@ def main() -> None:
     ap.add_argument("--spin-ms", type=float, default=0.0, help="the server's --spin-ms")
     ap.add_argument("--peer", help="a checkout whose engine is timed on the same points (a git worktree)")
     args = ap.parse_args()
-    print(f"start: {_load()}", flush=True)
+    from orchestrator.sim import native
+
+    engine = "compiled (mypyc, orchestrator.sim.native)" if native.compiled() else "interpreted"
+    print(f"start: {_load()}; engine {engine}", flush=True)
     for replicas in (1, 4):
         first = virtual_runs(replicas, args.seconds, 1)
         speeds, builds, peer_speeds = first["speeds"], first["builds"], []

@@ -23,6 +23,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.sim.engine.cache import KVMemory
 from orchestrator.sim.engine.chains import ChainMemory
@@ -41,7 +42,7 @@ class Sequence:
     # chained hashes of the prompt's full blocks (chains.Blocks with ``chain_blocks``)
     hashes: Seq[int] = ()
     remote_tokens: int = 0  # P/D decode side: prompt KV that arrives by transfer (no prefill)
-    tag: object = None  # the driver's own handle
+    tag: Any = None  # the driver's own handle (Any: mypyc's dataclasses resolve annotations by name)
     # progress
     state: int = WAITING
     computed: int = 0  # prompt (+ recomputed output) tokens whose KV exists
@@ -358,7 +359,7 @@ class Worker:
         mem.admit(seq.hashes, hit, need)
         seq.hit_blocks = hit
         seq.shared_blocks = hit
-        seq.private = need
+        seq.private = float(need)  # a float attribute (mypyc keeps it unboxed)
         seq.computed = cached
         seq.target = seq.prompt_tokens + seq.generated
         self._admits += 1
