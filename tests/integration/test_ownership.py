@@ -123,7 +123,10 @@ def test_second_run_refused_while_first_completes_untouched(tmp_path: Path, data
         assert "orch cancel" in lines[0]
         taken = subprocess.run([*cmd, "--take-over"], cwd=ROOT, env=env, capture_output=True, text=True,
                                timeout=240)
-        assert taken.returncode == 2 and "is being run by" in taken.stderr, taken.stderr[-2000:]
+        # Refused while the first still runs; on a loaded machine the first may have finished
+        # before this process looked (its starts take seconds), and then there is nothing to refuse.
+        refused = taken.returncode == 2 and "is being run by" in taken.stderr
+        assert refused or first.poll() is not None, taken.stderr[-2000:]
         assert first.wait(100) == 0, log.read_text()[-3000:]
         runs = store.runs(exp_id)
         # The first process ran every run to its end (whether its timing guards passed on this
