@@ -78,10 +78,10 @@ def install() -> bool:
         return True
     try:
         where = build_dir()
-        manifest = json.loads((where / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    finder = _Finder(where, str(manifest["group"]))
+        group = str(json.loads((where / "manifest.json").read_text())["group"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # no build, or a damaged one: the interpreted engine
+    finder = _Finder(where, group)
     if not all(f.is_file() for f in finder.files.values()):
         return False
     sys.meta_path.insert(0, finder)
