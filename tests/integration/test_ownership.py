@@ -115,19 +115,24 @@ def test_second_run_refused_while_first_completes_untouched(tmp_path: Path, data
                              start_new_session=True)
     try:
         store, exp_id = _wait_running(db, first, log)
-        # A refusal takes a process start (imports, the cached power check): generous on a loaded machine.
-        second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        # The first process (and its servers) is held stopped while the two commands look: it
+        # keeps its lease (a lock the OS or the server holds for a live process) and cannot
+        # finish meanwhile, however slow the machine. SQLite is in WAL mode, so its readers never
+        # wait on a writer that stopped mid-transaction.
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+            taken = subprocess.run([*cmd, "--take-over"], cwd=ROOT, env=env, capture_output=True,
+                                   text=True, timeout=240)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         assert second.returncode == 2, second.stderr[-2000:]
         lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "is being run by" in lines[0] and f":{first.pid}" in lines[0], second.stderr
         assert "orch cancel" in lines[0]
-        taken = subprocess.run([*cmd, "--take-over"], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=240)
-        # Refused while the first still runs; on a loaded machine the first may have finished
-        # before this process looked (its starts take seconds), and then there is nothing to refuse.
-        refused = taken.returncode == 2 and "is being run by" in taken.stderr
-        assert refused or first.poll() is not None, taken.stderr[-2000:]
-        assert first.wait(100) == 0, log.read_text()[-3000:]
+        assert taken.returncode == 2, taken.stderr[-2000:]
+        assert "is being run by" in taken.stderr and "takes only a lease whose owner has died" in taken.stderr
+        assert first.wait(180) == 0, log.read_text()[-3000:]
         runs = store.runs(exp_id)
         # The first process ran every run to its end (whether its timing guards passed on this
         # machine is not the subject: a failed one was retried by that same process), and the
