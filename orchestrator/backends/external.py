@@ -29,6 +29,7 @@ from orchestrator.backends.base import (
     RunKey,
 )
 from orchestrator.backends.readiness import NotYet, refuse_auth, served_models, wait_until_serving
+from orchestrator.engines import engine_for
 from orchestrator.errors import OrchestratorError, TransientError, UserError
 from orchestrator.loadgen.scrape import parse_metrics
 from orchestrator.plan import Plan
@@ -56,28 +57,31 @@ def resolve_headers(endpoint: ExternalEndpoint, arm: str, env: Mapping[str, str]
 
 
 def engine_version_from_metrics(text: str) -> str | None:
-    """A version label on a vLLM info metric (e.g. a build-info gauge), if the server has one.
-    Only ``vllm:``/``vllm_`` metrics count: ``python_info`` carries Python's version."""
+    """A version label on an engine info metric (e.g. a build-info gauge), if the server has
+    one. Only the engine's own metrics count: ``python_info`` carries Python's version."""
+    metrics = engine_for().metrics
+    # The same names with an underscore where an exporter cannot write a colon.
+    prefixes = (metrics.prefix, metrics.prefix.replace(":", "_"))
     try:
         samples = parse_metrics(text)
     except ValueError:
         return None
     for s in samples:
-        if s.name.startswith(("vllm:", "vllm_")):
-            for key in ("version", "vllm_version", "engine_version"):
+        if s.name.startswith(prefixes):
+            for key in metrics.version_labels:
                 if s.labels.get(key):
                     return s.labels[key]
     return None
 
 
 def cache_config_from_metrics(text: str) -> dict[str, str] | None:
-    """Labels of ``vllm:cache_config_info`` (block size, cache dtype, GPU blocks...), if exported."""
+    """Labels of the engine's cache config info metric (block size, cache dtype, GPU blocks...), if exported."""
     try:
         samples = parse_metrics(text)
     except ValueError:
         return None
     for s in samples:
-        if s.name == "vllm:cache_config_info":
+        if s.name == engine_for().metrics.cache_config_info:
             return dict(sorted(s.labels.items()))
     return None
 

@@ -17,6 +17,7 @@ from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.processes import ProcessBackend, free_port, log_tail
 from orchestrator.backends.readiness import wait_until_serving
+from orchestrator.engines import RouterTarget, StaticWorkers, engine_for
 from orchestrator.errors import TransientError
 from orchestrator.plan import Plan, canonical_json
 
@@ -101,7 +102,7 @@ class SimBackend(ProcessBackend):
         )
         return Deployment(
             key=key,
-            endpoint=Endpoint(url=url, model=plan.model.hf_id or plan.model.name, metrics_urls=metrics),
+            endpoint=Endpoint(url=url, model=engine_for().served_name(plan), metrics_urls=metrics),
             fingerprint=fingerprint,
             handles={"procs": procs},
         )
@@ -109,27 +110,11 @@ class SimBackend(ProcessBackend):
     def _router_argv(
         self, plan: Plan, arm: str, workers: dict[str, list[str]], port: int, metrics_port: int
     ) -> list[str]:
-        rc = plan.router_for(arm)
-        policy = rc.policy
-        argv = [self.router or "vllm-router", "--host", HOST, "--port", str(port),
-                "--prometheus-host", HOST, "--prometheus-port", str(metrics_port),
-                "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
-                # The workers start with the router: a worker not up at the router's first look
-                # would otherwise wait out the default 30 s between start-up checks.
-                "--worker-startup-check-interval", "1"]
-        if "prefill" in workers:
-            argv += ["--vllm-pd-disaggregation"]
-            for u in workers["prefill"]:
-                argv += ["--prefill", u]
-            for u in workers["decode"]:
-                argv += ["--decode", u]
-            argv += ["--policy", policy]
-        else:
-            argv += ["--worker-urls", *workers["worker"], "--policy", policy]
-        if policy == "cache_aware":
-            argv += ["--cache-threshold", str(rc.cache_threshold),
-                     "--balance-abs-threshold", str(rc.balance_abs_threshold)]
-        return argv
+        # The workers start with the router: a short start-up check interval (the adapter's).
+        target = RouterTarget(host=HOST, port=port, metrics_host=HOST, metrics_port=metrics_port,
+                              workers=StaticWorkers(tuple(workers.get("worker", ())), tuple(workers.get("prefill", ())),
+                                                    tuple(workers.get("decode", ())), startup_check_s=1))
+        return [self.router or "vllm-router", *engine_for(plan.arm(arm)).router_args(plan, arm, target)]
 
     # -- ready / scrape ------------------------------------------------------------------------
     def ready(self, deployment: Deployment, deadline_s: float) -> None:

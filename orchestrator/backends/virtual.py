@@ -34,6 +34,7 @@ from orchestrator.backends.base import (
     Fingerprint,
     RunKey,
 )
+from orchestrator.engines import engine_for
 from orchestrator.errors import PermanentError, TransientError, UserError
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, Sink, StopCheck, summarize
 from orchestrator.loadgen.schedules import derive_seed
@@ -94,11 +95,12 @@ class _ArmState:
     history: tuple[Sequence[RequestSpec], np.ndarray, float] | None = field(default=None, repr=False)
 
     def metrics_text(self) -> str:
-        """vLLM's counter and gauge names, as the real-time sim server exports them."""
+        """The engine's counter and gauge names, as the real-time sim server exports them."""
+        m = engine_for().metrics
         lab = f'{{model_name="{self.model}"}}'
-        return (f"vllm:prefix_cache_queries_total{lab} {self.prefix_queries}\n"
-                f"vllm:prefix_cache_hits_total{lab} {self.prefix_hits}\n"
-                f"vllm:num_requests_running{lab} 0\nvllm:num_requests_waiting{lab} 0\n")
+        return (f"{m.prefix_queries}_total{lab} {self.prefix_queries}\n"
+                f"{m.prefix_hits}_total{lab} {self.prefix_hits}\n"
+                f"{m.running}{lab} 0\n{m.waiting}{lab} 0\n")
 
 
 class _Taken(Sequence[RequestSpec]):

@@ -22,6 +22,7 @@ from orchestrator.control.design import point_seed
 from orchestrator.control.progress import AttainmentTally, ProgressSink
 from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
+from orchestrator.engines import engine_for
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary
@@ -123,9 +124,10 @@ def scrape_samples(backend: Backend, dep: Deployment) -> list[Sample]:
 
 
 def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) -> float | None:
-    """Prefix-cache hits / queries over the point, from vLLM's counters (None if not exported)."""
-    q = counter_total(after, "vllm:prefix_cache_queries") - counter_total(before, "vllm:prefix_cache_queries")
-    h = counter_total(after, "vllm:prefix_cache_hits") - counter_total(before, "vllm:prefix_cache_hits")
+    """Prefix-cache hits / queries over the point, from the engine's counters (None if not exported)."""
+    m = engine_for().metrics
+    q = counter_total(after, m.prefix_queries) - counter_total(before, m.prefix_queries)
+    h = counter_total(after, m.prefix_hits) - counter_total(before, m.prefix_hits)
     if q <= 0:
         return None
     return h / q
@@ -164,7 +166,8 @@ def sim_lateness_p99(before: Sequence[Sample], after: Sequence[Sample]) -> float
 
 def busy_requests(samples: Sequence[Sample]) -> float | None:
     """Requests running or waiting on the servers (None when they export no such gauge)."""
-    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    m = engine_for().metrics
+    names = (m.running, m.waiting)
     found = [s.value for s in samples if s.name in names]
     return sum(found) if found else None
 
@@ -509,6 +512,6 @@ class PointRunner:
         self.store.record_guards(run_id, point_id, guards)
         snapshots = [(before_t, before), *during.snapshots, (after_t, after)]
         samples = [(t, x.name, x.labels, x.value) for t, snap in snapshots for x in snap
-                   if x.name.startswith("vllm:")]
+                   if x.name.startswith(engine_for().metrics.prefix)]
         self.store.record_metric_samples(run_id, point_id, samples)
         return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed, early)

@@ -12,16 +12,18 @@ from typing import Any
 
 import pandas as pd
 
+from orchestrator.engines import engine_for
 from orchestrator.plan import Plan
 from orchestrator.records import RequestRecord
 from orchestrator.store import ExperimentInfo, GuardRecord, Registration, RunInfo, VerdictInfo
 
-# The server metrics drawn over time (vLLM's names; the sim server exports the same ones).
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREFIX_QUERIES = "vllm:prefix_cache_queries"
-PREFIX_HITS = "vllm:prefix_cache_hits"
+# The server metrics drawn over time (the engine adapter's names; the sim server exports them).
+_METRICS = engine_for().metrics
+RUNNING = _METRICS.running
+WAITING = _METRICS.waiting
+KV_USAGE = _METRICS.kv_usage
+PREFIX_QUERIES = _METRICS.prefix_queries
+PREFIX_HITS = _METRICS.prefix_hits
 SCRAPE_GAP_S = 0.5
 
 

@@ -15,6 +15,7 @@ format has no field for, are under results.observability.service_classes.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ import numpy as np
 import yaml
 
 from orchestrator import __version__
+from orchestrator.engines import Role, ServeTarget, engine_for
 from orchestrator.plan import GPUS, Plan
 from orchestrator.plan.workload import LengthDist
 from orchestrator.records import RequestRecord
@@ -72,21 +74,19 @@ def accelerator_name(gpu: str | None) -> str:
     return spec.node_labels[-1] if spec else (gpu or "unknown")
 
 
-def _engine_args(plan: Plan, arm: str, tp: int) -> dict[str, Any]:
-    e = plan.arm(arm).engine
-    args: dict[str, Any] = {
-        "--model": plan.model.hf_id or plan.model.name, "--tensor-parallel-size": tp,
-        "--kv-cache-dtype": e.kv_cache_dtype, "--max-num-seqs": e.max_num_seqs,
-        "--max-num-batched-tokens": e.max_num_batched_tokens,
-        "--gpu-memory-utilization": e.gpu_memory_utilization,
-        "--enable-prefix-caching" if e.prefix_caching else "--no-enable-prefix-caching": None,
-    }
-    if e.quantization != "none":
-        args["--quantization"] = e.quantization
-    if e.max_model_len is not None:
-        args["--max-model-len"] = e.max_model_len
-    if e.speculative is not None:
-        args["--speculative-config"] = e.speculative.model_dump(mode="json")
+def _engine_args(plan: Plan, arm: str, tp: int, role: Role) -> dict[str, Any]:
+    """The worker's engine arguments as the backends render them (the engine adapter's), as a
+    flag -> value map (JSON-valued flags as objects); host and port are the deployment's."""
+    spec = plan.arm(arm)
+    target = ServeTarget(model=plan.model.hf_id or plan.model.name, host="0.0.0.0", port=8000, tp=tp, role=role)
+    model, *flags = engine_for(spec).serve_args(plan, spec, target)
+    args: dict[str, Any] = {"--model": model}
+    i = 0
+    while i < len(flags):
+        flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
+        i += 1 if value is None else 2
+        if flag not in ("--host", "--port"):
+            args[flag] = json.loads(value) if value is not None and value.startswith("{") else value
     return args
 
 
@@ -112,7 +112,7 @@ def stack(plan: Plan, run: RunInfo) -> list[br.Component]:
                     model=br.EngineModel(name=plan.model.hf_id or plan.model.name),
                     accelerator=br.Accelerator(model=accelerator_name(gpu), count=pool.tp,
                                                parallelism=br.Parallelism(tp=pool.tp))),
-                native=br.ComponentNative(args=_engine_args(plan, run.arm, pool.tp)),
+                native=br.ComponentNative(args=_engine_args(plan, run.arm, pool.tp, role)),
             ))
     router = plan.router_for(run.arm)
     out.append(br.Component(

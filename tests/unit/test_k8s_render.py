@@ -124,9 +124,9 @@ def test_colocated_arm_has_no_nixl_and_router_discovers_its_workers() -> None:
     assert all(e["name"] != "VLLM_NIXL_SIDE_CHANNEL_HOST" for e in c["env"])
     labels = naming.run_labels(RunKey(plan.name, "A", 0))
     args = router_args(plan, "A", "ns1", labels)
-    assert args[args.index("--selector") + 1:] == [
-        f"orchestrator/run={labels['orchestrator/run']}", "orchestrator/role=worker"
-    ]
+    at = args.index("--selector")
+    assert args[at + 1:at + 3] == [f"orchestrator/run={labels['orchestrator/run']}", "orchestrator/role=worker"]
+    assert not args[at + 3].startswith("orchestrator/")  # the selector ends there
 
 
 def test_every_object_is_labelled_and_namespaced_and_cluster_settings_apply() -> None:

@@ -40,6 +40,7 @@ from orchestrator.backends.kubernetes.render import (
     weights_source,
 )
 from orchestrator.backends.readiness import wait_until_serving
+from orchestrator.engines import engine_for
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError
 from orchestrator.plan import Plan, plan_hash
 
@@ -134,7 +135,7 @@ class KubernetesBackend:
         arm_spec = plan.arm(arm)
         return Deployment(
             key=key,
-            endpoint=Endpoint(url=self.endpoint_url or "", model=plan.model.name),
+            endpoint=Endpoint(url=self.endpoint_url or "", model=engine_for(arm_spec).served_name(plan)),
             fingerprint=Fingerprint(backend=self.name, engine_version=arm_spec.engine.version,
                                     gpu_type=arm_spec.gpu, namespace=ns,
                                     kv_transport=kv_transport(plan, arm_spec),

@@ -18,6 +18,7 @@ import yaml
 
 from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
+from orchestrator.engines import DiscoveredWorkers, Role, RouterTarget, ServeTarget, engine_for
 from orchestrator.errors import EnvironmentProblem, UserError
 from orchestrator.plan import Arm, Plan, PoolSpec
 from orchestrator.plan.kubernetes import KubernetesSettings
@@ -26,11 +27,6 @@ Obj = dict[str, Any]
 HTTP_PORT = 8000
 NIXL_PORT = 5600
 ROUTER_METRICS_PORT = 29000
-# vLLM's names of the KV connectors a plan may choose (--kv-transfer-config kv_connector), as
-# registered in KVConnectorFactory of the tested version (tests/vllm/test_rendered_commands.py).
-KV_CONNECTORS = {"nixl": "NixlConnector", "lmcache": "LMCacheConnectorV1", "example": "ExampleConnector"}
-# vllm-router's --kv-connector accepts these only; the others run without the flag.
-ROUTER_KV_CONNECTORS = {"nixl"}
 
 
 def manifests_dir() -> Path:
@@ -76,6 +72,10 @@ def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = N
     arm = plan.arm(arm_name)
     if arm.external:
         raise UserError(f"arms.{arm_name} is an external endpoint: it runs elsewhere, nothing to render")
+    if arm.layout == "disaggregated" and arm.kv_connector == "example":
+        # Its KV goes through a folder both sides read; a cluster's pods share none.
+        raise UserError(f"arms.{arm_name}.kv_connector: example keeps KV in a folder of one machine, which "
+                        "pods on a cluster do not share; use nixl or lmcache on the kubernetes backend")
     ns = namespace or namespace_of(plan, key.experiment)
     labels = naming.run_labels(key)
     objs: list[Obj] = []
@@ -136,38 +136,12 @@ def _uses_nixl(arm: Arm) -> bool:
     return arm.layout == "disaggregated" and arm.kv_connector == "nixl"
 
 
-def vllm_args(plan: Plan, arm: Arm, tp: int) -> list[str]:
-    """Arguments of ``vllm serve`` for one worker of ``arm`` (both pools of a P/D arm get the
-    KV transfer config with kv_role kv_both, as vLLM's NIXL examples do)."""
-    e = arm.engine
-    args = [
-        plan.model.hf_id or plan.model.name,
-        "--served-model-name", plan.model.name,
-        "--host", "0.0.0.0",
-        "--port", str(HTTP_PORT),
-        "--tensor-parallel-size", str(tp),
-        "--kv-cache-dtype", e.kv_cache_dtype,
-        "--max-num-seqs", str(e.max_num_seqs),
-        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
-        "--gpu-memory-utilization", str(e.gpu_memory_utilization),
-        "--enable-prefix-caching" if e.prefix_caching else "--no-enable-prefix-caching",
-    ]
-    if e.max_model_len is not None:
-        args += ["--max-model-len", str(e.max_model_len)]
-    if e.quantization != "none":
-        args += ["--quantization", e.quantization]
-    if e.speculative is not None:
-        spec: dict[str, Any] = {
-            "method": e.speculative.method,
-            "num_speculative_tokens": e.speculative.num_speculative_tokens,
-        }
-        if e.speculative.draft_model:
-            spec["model"] = e.speculative.draft_model
-        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-    if arm.layout == "disaggregated" and arm.kv_connector:
-        kv = {"kv_connector": KV_CONNECTORS[arm.kv_connector], "kv_role": "kv_both"}
-        args += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    return args + list(e.extra_args)
+def vllm_args(plan: Plan, arm: Arm, tp: int, role: Role = "worker") -> list[str]:
+    """Arguments of ``vllm serve`` for one worker of ``arm`` in role ``role`` (the engine
+    adapter's, as every backend gets them)."""
+    target = ServeTarget(model=plan.model.hf_id or plan.model.name, host="0.0.0.0", port=HTTP_PORT,
+                         tp=tp, role=role, device="cuda")
+    return list(engine_for(arm).serve_args(plan, arm, target))
 
 
 def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
@@ -202,7 +176,7 @@ def _quantity_times(quantity: str, n: int) -> str:
 
 
 def _pool_deployment(
-    plan: Plan, arm: Arm, role: str, pool: PoolSpec, key: RunKey, ns: str, labels: dict[str, str]
+    plan: Plan, arm: Arm, role: Role, pool: PoolSpec, key: RunKey, ns: str, labels: dict[str, str]
 ) -> Obj:
     k = plan.kubernetes
     obj = base("vllm-worker", "Deployment")
@@ -224,7 +198,7 @@ def _pool_deployment(
     c = spec["containers"][0]
     c["image"] = f"{k.image_repository}:{arm.engine.version}"
     c["imagePullPolicy"] = k.image_pull_policy
-    c["args"] = vllm_args(plan, arm, pool.tp)
+    c["args"] = vllm_args(plan, arm, pool.tp, role)
     gpus = str(pool.tp)
     c["resources"] = {
         "requests": {
@@ -321,35 +295,17 @@ def _nixl(tpl: Obj, c: Obj, plan: Plan) -> None:
 
 def router_args(plan: Plan, arm_name: str, ns: str, labels: dict[str, str]) -> list[str]:
     """Arguments of ``vllm-router``: the plan's policy over workers it discovers by label, or
-    its P/D mode over the prefill and decode pools."""
+    its P/D mode over the prefill and decode pools (the engine adapter's)."""
     arm = plan.arm(arm_name)
-    router = plan.router_for(arm_name)
-    run = f"{naming.RUN_LABEL}={labels[naming.RUN_LABEL]}"
-    args = [
-        "--host", "0.0.0.0",
-        "--port", str(HTTP_PORT),
-        "--policy", router.policy,
-        "--service-discovery",
-        "--service-discovery-port", str(HTTP_PORT),
-        "--service-discovery-namespace", ns,
-        "--prometheus-host", "0.0.0.0",
-        "--prometheus-port", str(ROUTER_METRICS_PORT),
-    ]
-    if router.policy == "cache_aware":
-        args += [
-            "--cache-threshold", str(router.cache_threshold),
-            "--balance-abs-threshold", str(router.balance_abs_threshold),
-        ]
-    if arm.layout == "colocated":
-        return args + ["--selector", run, f"{naming.ROLE_LABEL}=worker"]
-    args += [
-        "--vllm-pd-disaggregation",
-        "--prefill-selector", run, f"{naming.ROLE_LABEL}=prefill",
-        "--decode-selector", run, f"{naming.ROLE_LABEL}=decode",
-    ]
-    if arm.kv_connector in ROUTER_KV_CONNECTORS:
-        args += ["--kv-connector", arm.kv_connector]
-    return args
+    engine = engine_for(arm)
+    kv = engine.kv_connector(arm, "prefill", "cuda", None)
+    target = RouterTarget(
+        host="0.0.0.0", port=HTTP_PORT, metrics_host="0.0.0.0", metrics_port=ROUTER_METRICS_PORT,
+        workers=DiscoveredWorkers(namespace=ns, port=HTTP_PORT,
+                                  run_selector=f"{naming.RUN_LABEL}={labels[naming.RUN_LABEL]}",
+                                  role_label=naming.ROLE_LABEL),
+        kv_connector=kv.name if kv is not None else None)
+    return list(engine.router_args(plan, arm_name, target))
 
 
 def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: dict[str, str]) -> Obj:

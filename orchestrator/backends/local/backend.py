@@ -77,7 +77,7 @@ class LocalBackend(ProcessBackend):
             backend="local", gpu_type=arm.gpu if cuda else "cpu", engine_version=info["vllm"],
             engine_version_source="package", gpu_products=(self.device.name,), node_pools=("local",),
             driver_versions=("vllm",), nodes=(socket.gethostname(),), kv_transport=layout.kv_connector,
-            topology=f"vllm-router {_policy(layout)}" + (" P/D" if layout.kv_connector else ""),
+            topology=f"vllm-router {layout.router_policy}" + (" P/D" if layout.kv_connector else ""),
             details={"torch_version": info["torch"], "device": self.device.kind},
         )
 
@@ -135,11 +135,6 @@ class LocalBackend(ProcessBackend):
 
     def _after_stop(self, run_dir: Path) -> None:
         shutil.rmtree(run_dir / "kv", ignore_errors=True)
-
-
-def _policy(layout: ArmLayout) -> str:
-    argv = layout.router.argv
-    return argv[argv.index("--policy") + 1]
 
 
 def free_ports() -> Iterator[int]:

@@ -8,16 +8,16 @@ see ``orchestrator.backends.local`` for what an arm becomes and why.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from orchestrator.backends.local.device import Device
 from orchestrator.backends.local.settings import LocalSettings
 from orchestrator.backends.vllm_env import TINY_MODEL_ID
+from orchestrator.engines import Role, RouterTarget, ServeTarget, StaticWorkers, engine_for
 from orchestrator.errors import PermanentError, UserError
 from orchestrator.plan import GPUS, Arm, Plan
 
@@ -53,6 +53,7 @@ class ArmLayout:
     served_model: str
     kv_connector: str | None  # the connector actually configured (None when colocated)
     kv_dir: str | None  # ExampleConnector's shared storage folder
+    router_policy: str
 
     @property
     def metrics_urls(self) -> tuple[str, ...]:
@@ -97,106 +98,37 @@ def model_source(plan: Plan, settings: LocalSettings) -> str:
 
 
 def served_name(plan: Plan) -> str:
-    """The ``model`` field requests carry (the same rule as the sim backend)."""
-    return plan.model.hf_id or plan.model.name
-
-
-def _connector_config(arm: Arm, role: str, device: Device, kv_dir: str) -> tuple[str, dict[str, Any]]:
-    """(connector name, --kv-transfer-config) of a prefill or decode worker."""
-    wanted = arm.kv_connector or "nixl"
-    if wanted == "lmcache":
-        if device.kind == "cpu":
-            raise PermanentError("kv_connector lmcache does not run on CPU (LMCache needs CUDA); "
-                                 "use nixl or example")
-        return "LMCacheConnectorV1", {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    if wanted == "nixl" and device.kind == "cuda":
-        return "NixlConnector", {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    # example, or nixl on CPU (NIXL has no CPU-to-CPU transport here): shared storage.
-    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
-    return "ExampleConnector", {
-        "kv_connector": "ExampleConnector",
-        "kv_role": kv_role,
-        "kv_connector_extra_config": {"shared_storage_path": kv_dir},
-    }
-
-
-def _speculative_config(arm: Arm) -> dict[str, Any] | None:
-    spec = arm.engine.speculative
-    if spec is None:
-        return None
-    cfg: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
-    if spec.method == "ngram":
-        cfg["prompt_lookup_max"] = 4
-        cfg["prompt_lookup_min"] = 2
-    if spec.draft_model:
-        cfg["model"] = spec.draft_model
-    if spec.method == "draft_model":
-        cfg.pop("method")  # vLLM infers a draft model from `model`
-    return cfg
+    """The ``model`` field requests carry (the engine adapter's rule, as on every backend)."""
+    return engine_for().served_name(plan)
 
 
 def engine_argv(
-    plan: Plan, arm_name: str, role: str, port: int, tp: int, device: Device,
-    settings: LocalSettings, kv_config: dict[str, Any] | None,
+    plan: Plan, arm_name: str, role: Role, port: int, tp: int, device: Device,
+    settings: LocalSettings, kv_dir: str | None,
 ) -> tuple[str, ...]:
-    """The exact engine command line of one worker."""
+    """The exact engine command line of one worker: the adapter's arguments behind this box's
+    launcher (``vllm serve`` on a GPU box; the OpenAI server module, with ``--model``, on CPU)."""
     arm = plan.arm(arm_name)
-    eng = arm.engine
-    model = model_source(plan, settings)
+    target = ServeTarget(model=model_source(plan, settings), host=HOST, port=port, tp=tp, role=role,
+                         device="cuda" if device.kind == "cuda" else "cpu",
+                         max_model_len=settings.cpu_max_model_len if device.kind == "cpu" else None,
+                         kv_dir=kv_dir)
+    model, *flags = engine_for(arm).serve_args(plan, arm, target)
     if device.kind == "cuda":
-        argv: list[str] = [settings.python, *ENGINE_MODULE_GPU, model]
-    else:
-        argv = [settings.python, *ENGINE_MODULE_CPU, "--model", model]
-    argv += ["--served-model-name", served_name(plan), "--host", HOST, "--port", str(port)]
-    argv += ["--tensor-parallel-size", str(tp)]
-    argv += ["--max-num-seqs", str(eng.max_num_seqs)]
-    argv += ["--max-num-batched-tokens", str(eng.max_num_batched_tokens)]
-    argv += ["--kv-cache-dtype", eng.kv_cache_dtype]
-    argv += ["--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching"]
-    if device.kind == "cuda":
-        argv += ["--gpu-memory-utilization", f"{eng.gpu_memory_utilization:g}"]
-    max_len = eng.max_model_len or (settings.cpu_max_model_len if device.kind == "cpu" else None)
-    if max_len:
-        argv += ["--max-model-len", str(max_len)]
-    if eng.quantization != "none":
-        argv += ["--quantization", eng.quantization]
-    spec = _speculative_config(arm)
-    if spec is not None:
-        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
-    if kv_config is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv_config, sort_keys=True, separators=(",", ":"))]
-    argv += list(eng.extra_args)
-    return tuple(argv)
+        return (settings.python, *ENGINE_MODULE_GPU, model, *flags)
+    return (settings.python, *ENGINE_MODULE_CPU, "--model", model, *flags)
 
 
 def router_argv(
     plan: Plan, arm_name: str, port: int, metrics_port: int, settings: LocalSettings,
     workers: list[str], prefill: list[str], decode: list[str], kv_connector: str | None,
 ) -> tuple[str, ...]:
-    """vllm-router over the workers with the arm's policy, or in P/D mode."""
-    rc = plan.router_for(arm_name)
-    argv = [settings.router, "--host", HOST, "--port", str(port),
-            "--prometheus-host", HOST, "--prometheus-port", str(metrics_port),
-            "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
-            # Engines start with the router: without it a worker not up at the router's first
-            # look waits out the default 30 s between start-up checks.
-            "--worker-startup-check-interval", "2",
-            "--worker-startup-timeout-secs", str(settings.router_startup_s)]
-    if prefill:
-        argv += ["--vllm-pd-disaggregation"]
-        for u in prefill:
-            argv += ["--prefill", u]
-        for u in decode:
-            argv += ["--decode", u]
-        if kv_connector == "NixlConnector":
-            argv += ["--kv-connector", "nixl"]
-    else:
-        argv += ["--worker-urls", *workers]
-    argv += ["--policy", rc.policy]
-    if rc.policy == "cache_aware":
-        argv += ["--cache-threshold", f"{rc.cache_threshold:g}",
-                 "--balance-abs-threshold", str(rc.balance_abs_threshold)]
-    return tuple(argv)
+    """vllm-router over the workers by URL (the adapter's arguments)."""
+    target = RouterTarget(host=HOST, port=port, metrics_host=HOST, metrics_port=metrics_port,
+                          workers=StaticWorkers(tuple(workers), tuple(prefill), tuple(decode),
+                                                startup_check_s=2, startup_timeout_s=settings.router_startup_s),
+                          kv_connector=kv_connector)
+    return (settings.router, *engine_for(plan.arm(arm_name)).router_args(plan, arm_name, target))
 
 
 def render_arm(
@@ -225,10 +157,11 @@ def render_arm(
     tps = [pool.tp for pool in arm.pools().values() for _ in range(pool.replicas)]
     shares = iter(cpu_shares(device.cpus, tps, settings.cpu_reserved) if device.kind == "cpu"
                   else [CpuShare(None, None)] * len(tps))
+    adapter = engine_for(arm)
     for role, pool in arm.pools().items():
-        kv_config = None
-        if role != "worker":
-            connector, kv_config = _connector_config(arm, role, device, kv_dir)
+        kv = adapter.kv_connector(arm, role, "cuda" if device.kind == "cuda" else "cpu", kv_dir)
+        if kv is not None:
+            connector = kv.name
         for i in range(pool.replicas):
             port = next(ports)
             env = dict(base_env)
@@ -241,7 +174,7 @@ def render_arm(
                 if connector == "NixlConnector":
                     # Each NIXL agent on one host needs its own side-channel port.
                     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(next(ports))
-            argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_config)
+            argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_dir)
             if share.affinity is not None:
                 argv = (TASKSET, "-c", share.affinity, *argv)
             spec = ProcessSpec(name=f"{role}-{i}", role=role,
@@ -257,7 +190,8 @@ def render_arm(
     )
     return ArmLayout(engines=tuple(engines), router=router, router_metrics_port=mport,
                      served_model=served_name(plan), kv_connector=connector,
-                     kv_dir=kv_dir if connector == "ExampleConnector" else None)
+                     kv_dir=kv_dir if connector == "ExampleConnector" else None,
+                     router_policy=plan.router_for(arm_name).policy)
 
 
 @dataclass(frozen=True)
