@@ -52,9 +52,10 @@ from orchestrator.control.dry_bars import (  # noqa: F401 - re-exported
     _ratio,
     predict_bars,
 )
+from orchestrator.control.points import drain_seconds
 from orchestrator.errors import UserError
-from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
-from orchestrator.loadgen.workloads import build_requests
+from orchestrator.loadgen.datasets import point_load
+from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Plan, plan_hash
 from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
 from orchestrator.sim.model import DeviceProfile
@@ -107,10 +108,17 @@ class DryWindows:
                    precision if precision is not None else s.precision)
 
 
-def drain_s(plan: Plan) -> float:
-    """How long in-flight requests are waited for after the last send (as the point runner)."""
-    worst = max(c.ttft_ms / 1e3 + c.tpot_ms / 1e3 * plan.workload.output_tokens for c in plan.classes)
-    return min(60.0, 1.5 * worst + 1.0)
+def unpredictable(plan: Plan) -> str | None:
+    """Why the simulator cannot dry-run the plan's own workload (None: it can). Never a dry run
+    of some other workload in its place: a power check on it would judge the wrong plan."""
+    if plan.workload.arrival is None:
+        return "capacity comes from open-loop runs only; this workload is closed loop"
+    if plan.workload.sessions is not None:
+        return ("live sessions have no virtual-time driver yet (each turn carries the previous "
+                "reply), so their load cannot be simulated")
+    if any(a.external for a in plan.arms.values()):
+        return "the simulator models provisioned arms; external arms are only labelled"
+    return None
 
 
 class ArmSimulator:
@@ -118,8 +126,8 @@ class ArmSimulator:
 
     def __init__(self, plan: Plan, arm: str, windows: DryWindows, seed: int, efficiency: float = 1.0,
                  profile: DeviceProfile | None = None):
-        if plan.workload.arrival is None:
-            raise ValueError("capacity comes from open-loop runs only; this workload is closed loop")
+        if (why := unpredictable(plan)) is not None:
+            raise ValueError(why)
         self.plan = plan
         self.arm = arm
         self.windows = windows
@@ -141,16 +149,16 @@ class ArmSimulator:
         measure_s = min(w.measure_s, max(MIN_MEASURE_S, MAX_MEASURED / rate))
         w = DryWindows(measure_s, w.warmup_s, w.cooldown_s, w.precision)
         total = w.warmup_s + w.measure_s + w.cooldown_s
-        assert plan.workload.arrival is not None
-        offsets = open_loop_offsets(plan.workload.arrival, rate, total, seed)
-        requests = build_requests(plan.workload, len(offsets), seed)
+        # The point's own load, as the point runner builds it: synthetic, a prompts file's or
+        # a trace's (its arrivals scaled to the rate).
+        offsets, requests = point_load(plan.workload, rate, total, seed)
         res = simulate_open_loop(self.cluster, requests, offsets, Windows(w.warmup_s, w.measure_s, w.cooldown_s),
-                                 drain_s=drain_s(plan), seed=seed)
+                                 drain_s=drain_seconds(plan), seed=seed)
         n_measure = int(np.count_nonzero((offsets >= w.warmup_s) & (offsets < w.warmup_s + w.measure_s)))
         m = point_metrics(res.records, plan.classes, window_s=w.measure_s, n_scheduled=n_measure)
         self.points[rate] = m
         last = float(offsets[-1]) if len(offsets) else 0.0
-        self.drains[rate] = min(max(res.end_s - max(last, total), 0.0), drain_s(plan))
+        self.drains[rate] = min(max(res.end_s - max(last, total), 0.0), drain_seconds(plan))
         return m
 
     def search(self, cls: str, prior: float | None = None) -> CapacityResult:
@@ -189,7 +197,7 @@ def predicted_capacity_rates(plan: Plan, profiles: Sequence[DeviceProfile] | Non
     few seconds for the quickstart plan. A class with no passing rate gets the bracket's low end
     or the plan's lowest rate. An arm whose GPU has an installed profile is simulated on it
     when the plan runs on real GPUs (backend kubernetes; the sim backend runs the datasheet)."""
-    if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
+    if unpredictable(plan) is not None:
         return {}
     if profiles is None:
         profiles = installed_profiles() if plan.backend == "kubernetes" else []
@@ -273,9 +281,8 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
                          "this workload is closed loop")
     if replications < 1:
         raise ValueError("replications must be >= 1")
-    if any(a.external for a in plan.arms.values()):
-        raise UserError("the simulator models provisioned arms; external arms are only labelled, "
-                        "so a dry run cannot predict them")
+    if (why := unpredictable(plan)) is not None:
+        raise UserError(f"no dry run of this plan: {why}")
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
     notes: list[str] = design_warnings(plan.design, tuple(plan.arms))  # ABBA over an odd number of blocks
@@ -406,9 +413,8 @@ def power_check(plan: Plan, cache_dir: Path | None = None) -> PowerCheck:
     sha = plan_hash(plan)
     if not plan.bars:
         return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped="the plan has no bars")
-    if plan.workload.arrival is None or any(a.external for a in plan.arms.values()):
-        return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped="the simulator cannot predict this plan "
-                          "(closed loop or external arms)")
+    if (why := unpredictable(plan)) is not None:
+        return PowerCheck(sha, plan.design.blocks, 0.0, (), skipped=f"the simulator cannot predict this plan: {why}")
     profiles = installed_profiles()
     key = hashlib.sha256(json.dumps([MODEL_REVISION, POWER_CHECK_REPLICATIONS]
                                     + [p.model_dump(mode="json") for p in profiles]).encode()).hexdigest()[:16]

@@ -48,6 +48,7 @@ class RealtimeWorker:
         self.on_timing = on_timing
         self.spin_s = spin_s
         self.pending: dict[int, Pending] = {}
+        self.restarts = 0  # times it fell more than MAX_CATCH_UP_S behind and restarted its timeline
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -71,11 +72,16 @@ class RealtimeWorker:
         w = self.worker
         t = loop.time()
         prev_late: float | None = None
+        waited = False
         while True:
             now = loop.time()
-            if now - t > MAX_CATCH_UP_S or not w.has_step_work():
+            busy = w.has_step_work()
+            if now - t > MAX_CATCH_UP_S or not busy:
+                # Behind while busy (not back from idle): the model's timeline is lost here.
+                self.restarts += busy and not waited
                 t = now
                 prev_late = None
+            waited = False
             dur = w.begin_step(t)
             if dur is None:
                 wake = w.next_wakeup()
@@ -83,6 +89,7 @@ class RealtimeWorker:
                 timeout = None if wake is None else max(0.0, wake - loop.time())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
+                waited = True
                 continue
             end = t + dur
             delay = end - loop.time()
@@ -136,6 +143,10 @@ class SimCluster:
     @property
     def workers(self) -> list[Worker]:
         return [rw.worker for rw in (*self.front, *self.back)]
+
+    @property
+    def timeline_restarts(self) -> int:
+        return sum(rw.restarts for rw in (*self.front, *self.back))
 
     def start(self) -> None:
         for rw in (*self.front, *self.back):

@@ -93,6 +93,10 @@ class _Collector:
         yield counter("vllm:generation_tokens", "Generated tokens.", sum(w.generation_tokens_total for w in ws))
         yield counter("vllm:num_preemptions", "Preemptions.", sum(w.preemptions for w in ws))
         yield counter("vllm:request_success", "Finished requests.", s.finished)
+        # Not a vLLM series: steps that ended so late the timeline restarted from then (the
+        # requests in flight then ran longer than the model says: the machine was the bottleneck).
+        yield counter("orch_sim_timeline_restarts", "Timeline restarts after falling behind the model.",
+                      s.cluster.timeline_restarts)
 
 
 class SimServer:

@@ -1,0 +1,106 @@
+"""A dry run and a power check simulate the plan's own workload (issue 28): a prompts file's
+prompts, a trace's prompts and arrivals, drawn reply lengths in the drain; a workload the
+simulator cannot drive (live sessions) is refused by name, never replaced by another one."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.control import dryrun
+from orchestrator.control.points import drain_seconds
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan, validate_plan
+from orchestrator.plan.sources import read_prompts, read_trace
+from tests.e2e.helpers import BASE, ROOT
+
+BAR = [{"id": "win", "metric": "capacity", "class": "standard", "at_least": 0.5, "confidence": 0.9}]
+
+
+def _plan(workload: dict[str, Any], name: str) -> Plan:
+    d = copy.deepcopy(BASE)
+    d["name"] = name
+    d["workload"] = workload
+    d["bars"] = BAR
+    d["search"] = {**d["search"], "max_points": 2}
+    d["design"] = {"blocks": 2, "order": "ABBA", "seed": 5, "max_retries": 1}
+    return validate_plan(d)
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[np.ndarray, list[Any], float]]:
+    """Every (offsets, requests, drain) the dry run hands the virtual engine."""
+    calls: list[tuple[np.ndarray, list[Any], float]] = []
+    real = dryrun.simulate_open_loop
+
+    def spy(cluster, requests, offsets, windows, *, drain_s, seed):  # type: ignore[no-untyped-def]
+        calls.append((np.asarray(offsets), list(requests), drain_s))
+        return real(cluster, requests, offsets, windows, drain_s=drain_s, seed=seed)
+
+    monkeypatch.setattr(dryrun, "simulate_open_loop", spy)
+    monkeypatch.chdir(ROOT)  # the examples' data paths are relative to the checkout
+    return calls
+
+
+def _search(plan: Plan) -> None:
+    windows = dryrun.DryWindows.for_plan(plan, 2.0, 0.25, 0.0)
+    dryrun.ArmSimulator(plan, "A", windows, seed=1).search("standard")
+
+
+def test_a_prompts_file_plan_is_dry_run_on_its_prompts(seen) -> None:
+    plan = _plan({"source": {"kind": "prompts", "path": "examples/data/prompts.jsonl"}}, "dry-prompts")
+    _search(plan)
+    lines = {len(e.prompt.split()) for e in read_prompts(ROOT / "examples" / "data" / "prompts.jsonl")}
+    assert seen
+    for _, requests, _ in seen:
+        # Each is a line of the file plus its 5-word nonce (synthetic prompts are ~4,000 words).
+        assert {r.prompt_tokens - 5 for r in requests} <= lines
+
+
+def test_a_trace_plan_is_dry_run_on_its_arrivals_and_lengths(seen) -> None:
+    plan = _plan({"source": {"kind": "trace", "path": "examples/data/trace.jsonl"}}, "dry-trace")
+    _search(plan)
+    trace = read_trace(ROOT / "examples" / "data" / "trace.jsonl")
+    assert seen
+    for offsets, requests, _ in seen:
+        n = min(len(trace), len(requests))
+        assert [r.prompt_tokens for r in requests[:n]] == [row.input_tokens for row in trace[:n]]
+        gaps, want = np.diff(offsets[:n]), np.diff([row.t_s for row in trace[:n]])
+        scale = float(np.median(gaps[want > 0] / want[want > 0]))
+        assert np.allclose(gaps, want * scale, atol=1e-6)  # the trace's own gaps, scaled
+
+
+def test_the_dry_run_drains_as_long_as_the_point_runner(seen) -> None:
+    d = copy.deepcopy(BASE["workload"])
+    d.pop("output_tokens")
+    d["output_dist"] = {"mean": 32, "dist": "lognormal", "sigma": 0.5, "max": 400}
+    plan = _plan(d, "dry-output-dist")
+    _search(plan)
+    assert {drain for _, _, drain in seen} == {drain_seconds(plan)}
+    assert drain_seconds(plan) > drain_seconds(_plan(BASE["workload"], "dry-fixed"))
+
+
+def test_the_power_check_simulates_a_trace_plan(seen, tmp_path: Path) -> None:
+    plan = _plan({"source": {"kind": "trace", "path": "examples/data/trace.jsonl"}}, "power-trace")
+    check = dryrun.power_check(plan, tmp_path)
+    assert check.skipped is None and check.gpu_hours > 0
+    trace = read_trace(ROOT / "examples" / "data" / "trace.jsonl")
+    assert all(r.prompt_tokens == trace[i % len(trace)].input_tokens
+               for _, requests, _ in seen for i, r in enumerate(requests[: len(trace)]))
+
+
+def test_a_sessions_plan_is_refused_by_name_not_dry_run_on_another_workload(seen, tmp_path: Path) -> None:
+    d = copy.deepcopy(BASE["workload"])
+    d["prompts"] = {**d["prompts"], "turns": 3}
+    d["sessions"] = {}
+    plan = _plan(d, "dry-sessions")
+    check = dryrun.power_check(plan, tmp_path)
+    assert check.ok and check.skipped is not None and "live sessions" in check.skipped
+    with pytest.raises(UserError, match="live sessions"):
+        dryrun.simulate_plan(plan, replications=2)
+    assert dryrun.predicted_capacity_rates(plan) == {}
+    assert not seen  # nothing was simulated in its place
