@@ -38,12 +38,13 @@ from orchestrator.engines import engine_for
 from orchestrator.errors import PermanentError, TransientError, UserError
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, Sink, StopCheck, summarize
 from orchestrator.loadgen.schedules import derive_seed
-from orchestrator.loadgen.workloads import RequestSpec
+from orchestrator.loadgen.workloads import RequestSpec, SessionScript
 from orchestrator.plan import Plan, Workload
 from orchestrator.records import RequestRecord
 from orchestrator.sim.engine import ClusterSpec, Windows, cluster_for_arm, output_hash
 from orchestrator.sim.engine import simulate_closed_loop as sim_closed
 from orchestrator.sim.engine import simulate_open_loop as sim_open
+from orchestrator.sim.engine import simulate_sessions as sim_sessions
 
 ENGINE_VERSION = f"sim-virtual-{__version__}"  # "sim-": never pooled with measured capacities
 CHECK_EVERY_S = 0.25  # how often the real generator asks an early-stop question (runner.run_point)
@@ -212,10 +213,29 @@ class VirtualDriver:
             summary.records = records
         return summary
 
-    def sessions(self, url: str, model: str, workload: Workload, starts: Sequence[float] | np.ndarray,
-                 **_kw: Any) -> PointSummary:
-        raise PermanentError("live sessions (workload.sessions) have no virtual-time driver: their turns "
-                             "follow the replies over HTTP; run them on the sim backend")
+    def sessions(self, url: str, model: str, workload: Workload, starts: Sequence[float] | np.ndarray, *,
+                 seed: int, duration_s: float, warmup_s: float = 0.0, measure_s: float | None = None,
+                 sink: Sink | None = None, request_timeout_s: float = 60.0, deadline_s: float | None = None,
+                 keep_records: bool = False, sent: list[RequestSpec] | None = None,
+                 **_http: Any) -> PointSummary:
+        """Live sessions on the simulator's clock: each later turn is due when its reply has
+        ended plus the think time, and carries a reply of the length the engine returned."""
+        measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
+        windows = Windows(warmup_s, measure, max(0.0, duration_s - warmup_s - measure))
+        end = deadline_s if deadline_s is not None else duration_s + request_timeout_s
+        script = _ServedSessions(SessionScript(workload, seed), self.state.faults)
+        res = sim_sessions(self._cluster(), starts, script, windows,
+                           drain_s=max(0.0, end - windows.total_s), seed=self._seed())
+        records = self._finish(res.records, script.asked, request_timeout_s)
+        if sent is not None:
+            sent.extend(script.asked)
+        self._count_prefix(records)
+        self._account(records)
+        _deliver(sink, records)
+        summary = summarize(records, 0.0, "virtual")
+        if keep_records:
+            summary.records = records
+        return summary
 
     # -- one simulated point ----------------------------------------------------------------
     def _seed(self) -> int:
@@ -287,6 +307,22 @@ class VirtualDriver:
         st.served += sum(1 for r in records if r.sent_s is not None)
         if st.faults.die_after and st.served >= st.faults.die_after:
             st.dead = True
+
+
+class _ServedSessions:
+    """A session script as a faulty server serves it; ``asked`` keeps each turn as sent."""
+
+    def __init__(self, script: SessionScript, faults: Faults):
+        self.script, self.faults, self.turns = script, faults, script.turns
+        self.asked: list[RequestSpec] = []
+
+    def request(self, session: int, turn: int, reply_tokens: int) -> RequestSpec:
+        spec = self.script.request(session, turn, reply_tokens)
+        self.asked.append(spec)
+        return _as_served(spec, self.faults)
+
+    def think_s(self, session: int, turn: int) -> float:
+        return self.script.think_s(session, turn)
 
 
 def _as_served(spec: RequestSpec, faults: Faults) -> RequestSpec:

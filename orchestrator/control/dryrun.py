@@ -55,9 +55,10 @@ from orchestrator.control.dry_bars import (  # noqa: F401 - re-exported
 from orchestrator.control.points import drain_seconds
 from orchestrator.errors import UserError
 from orchestrator.loadgen.datasets import point_load
-from orchestrator.loadgen.schedules import derive_seed
+from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
+from orchestrator.loadgen.workloads import SessionScript
 from orchestrator.plan import Plan, plan_hash
-from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop
+from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop, simulate_sessions
 from orchestrator.sim.model import DeviceProfile
 from orchestrator.sim.profiles import profile_for, profiles_in
 
@@ -113,9 +114,6 @@ def unpredictable(plan: Plan) -> str | None:
     of some other workload in its place: a power check on it would judge the wrong plan."""
     if plan.workload.arrival is None:
         return "capacity comes from open-loop runs only; this workload is closed loop"
-    if plan.workload.sessions is not None:
-        return ("live sessions have no virtual-time driver yet (each turn carries the previous "
-                "reply), so their load cannot be simulated")
     if any(a.external for a in plan.arms.values()):
         return "the simulator models provisioned arms; external arms are only labelled"
     return None
@@ -140,24 +138,35 @@ class ArmSimulator:
         self.drains: dict[float, float] = {}
 
     def point(self, rate: float) -> PointMetrics:
-        """One open-loop point at ``rate``; both arms share the schedule and prompts of a rate."""
+        """One open-loop point at ``rate`` (for sessions: sessions started per second); both arms
+        share the schedule and prompts of a rate."""
         for r, m in self.points.items():
             if abs(r - rate) <= 1e-6 * rate:
                 return m
         w, plan = self.windows, self.plan
         seed = derive_seed(self.seed, "dry-run", f"{rate:.6g}")
-        measure_s = min(w.measure_s, max(MIN_MEASURE_S, MAX_MEASURED / rate))
+        per_start = plan.workload.prompts.turns if plan.workload.sessions is not None else 1
+        measure_s = min(w.measure_s, max(MIN_MEASURE_S, MAX_MEASURED / (rate * per_start)))
         w = DryWindows(measure_s, w.warmup_s, w.cooldown_s, w.precision)
         total = w.warmup_s + w.measure_s + w.cooldown_s
-        # The point's own load, as the point runner builds it: synthetic, a prompts file's or
-        # a trace's (its arrivals scaled to the rate).
-        offsets, requests = point_load(plan.workload, rate, total, seed)
-        res = simulate_open_loop(self.cluster, requests, offsets, Windows(w.warmup_s, w.measure_s, w.cooldown_s),
-                                 drain_s=drain_seconds(plan), seed=seed)
-        n_measure = int(np.count_nonzero((offsets >= w.warmup_s) & (offsets < w.warmup_s + w.measure_s)))
+        windows = Windows(w.warmup_s, w.measure_s, w.cooldown_s)
+        if plan.workload.sessions is not None:
+            # Sessions start at the rate (sessions/s); later turns follow their replies.
+            assert plan.workload.arrival is not None
+            offsets = open_loop_offsets(plan.workload.arrival, rate, total, seed)
+            res = simulate_sessions(self.cluster, offsets, SessionScript(plan.workload, seed), windows,
+                                    drain_s=drain_seconds(plan), seed=seed)
+            n_measure = sum(1 for r in res.records if r.phase == "measure")
+            last = max((r.scheduled_s for r in res.records), default=0.0)
+        else:
+            # The point's own load, as the point runner builds it: synthetic, a prompts file's
+            # or a trace's (its arrivals scaled to the rate).
+            offsets, requests = point_load(plan.workload, rate, total, seed)
+            res = simulate_open_loop(self.cluster, requests, offsets, windows, drain_s=drain_seconds(plan), seed=seed)
+            n_measure = int(np.count_nonzero((offsets >= w.warmup_s) & (offsets < w.warmup_s + w.measure_s)))
+            last = float(offsets[-1]) if len(offsets) else 0.0
         m = point_metrics(res.records, plan.classes, window_s=w.measure_s, n_scheduled=n_measure)
         self.points[rate] = m
-        last = float(offsets[-1]) if len(offsets) else 0.0
         self.drains[rate] = min(max(res.end_s - max(last, total), 0.0), drain_seconds(plan))
         return m
 

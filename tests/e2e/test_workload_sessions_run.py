@@ -1,7 +1,8 @@
 """A live-session plan through the executor on the sim backend: its open-loop rate starts
 sessions, later turns are stored with their due times, the guards are judged on the real
-history. Real time (a session's turns follow its replies over HTTP; the virtual backend has no
-live sessions): it asserts what load cannot change, not that the timing guards passed."""
+history. Real time (a session's turns follow its replies over HTTP; the control logic is also
+tested in virtual time, test_workload_sessions_virtual.py): it asserts what load cannot
+change, not that the timing guards passed."""
 
 from __future__ import annotations
 

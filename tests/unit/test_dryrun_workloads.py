@@ -1,6 +1,6 @@
 """A dry run and a power check simulate the plan's own workload (issue 28): a prompts file's
-prompts, a trace's prompts and arrivals, drawn reply lengths in the drain; a workload the
-simulator cannot drive (live sessions) is refused by name, never replaced by another one."""
+prompts, a trace's prompts and arrivals, drawn reply lengths in the drain, and a live
+sessions plan as sessions (later turns after their replies), never as another workload."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from orchestrator.control import dryrun
 from orchestrator.control.points import drain_seconds
-from orchestrator.errors import UserError
 from orchestrator.plan import Plan, validate_plan
 from orchestrator.plan.sources import read_prompts, read_trace
 from tests.e2e.helpers import BASE, ROOT
@@ -93,14 +92,30 @@ def test_the_power_check_simulates_a_trace_plan(seen, tmp_path: Path) -> None:
                for _, requests, _ in seen for i, r in enumerate(requests[: len(trace)]))
 
 
-def test_a_sessions_plan_is_refused_by_name_not_dry_run_on_another_workload(seen, tmp_path: Path) -> None:
+def test_a_sessions_plan_is_dry_run_as_sessions(seen, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     d = copy.deepcopy(BASE["workload"])
     d["prompts"] = {**d["prompts"], "turns": 3}
-    d["sessions"] = {}
+    d["sessions"] = {"think": {"mean_s": 0.5}}
     plan = _plan(d, "dry-sessions")
+    runs: list[Any] = []
+    real = dryrun.simulate_sessions
+
+    def spy(cluster, starts, script, windows, *, drain_s, seed):  # type: ignore[no-untyped-def]
+        res = real(cluster, starts, script, windows, drain_s=drain_s, seed=seed)
+        runs.append(res)
+        return res
+
+    monkeypatch.setattr(dryrun, "simulate_sessions", spy)
+    _search(plan)
+    assert runs and not seen  # sessions, not an open loop of first turns
+    later = []
+    for res in runs:
+        recs = {(r.conversation_id, r.turn): r for r in res.records}
+        later += [(recs[(c, t - 1)], r) for (c, t), r in recs.items() if t > 0]
+    assert later  # sessions went on past their first turn (an overloaded point's may not)
+    for prev, rec in later:  # due when the reply before it ended, plus the think time
+        assert rec.scheduled_s == pytest.approx(prev.last_token_s + 0.5)
+        assert rec.prompt_tokens > prev.prompt_tokens + prev.output_tokens  # history + reply + new words
     check = dryrun.power_check(plan, tmp_path)
-    assert check.ok and check.skipped is not None and "live sessions" in check.skipped
-    with pytest.raises(UserError, match="live sessions"):
-        dryrun.simulate_plan(plan, replications=2)
-    assert dryrun.predicted_capacity_rates(plan) == {}
-    assert not seen  # nothing was simulated in its place
+    assert check.skipped is None and check.gpu_hours > 0
+    assert dryrun.predicted_capacity_rates(plan)["A"]["standard"] > 0

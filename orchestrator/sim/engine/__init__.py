@@ -15,11 +15,12 @@ from orchestrator.sim.engine.virtual import (
     output_hash,
     simulate_closed_loop,
     simulate_open_loop,
+    simulate_sessions,
 )
 from orchestrator.sim.engine.worker import Sequence, StepResult, Worker
 
 __all__ = [
     "ClusterSpec", "KVMemory", "Router", "Sequence", "SimResult", "StepResult", "Windows",
     "Worker", "block_hashes", "cluster_for_arm", "output_hash", "simulate_closed_loop",
-    "simulate_open_loop",
+    "simulate_open_loop", "simulate_sessions",
 ]

@@ -51,6 +51,15 @@ class RequestLike(Protocol):
     def prompt_hash(self) -> str: ...
 
 
+class SessionsLike(Protocol):
+    """What the engine asks of live sessions (orchestrator.loadgen.workloads.SessionScript)."""
+
+    @property
+    def turns(self) -> int: ...
+    def request(self, session: int, turn: int, reply_tokens: int) -> RequestLike: ...
+    def think_s(self, session: int, turn: int) -> float: ...
+
+
 @dataclass(frozen=True)
 class Windows:
     """Phases of a load point by scheduled time: warm-up, measurement, cool-down (seconds)."""
@@ -447,5 +456,53 @@ def simulate_closed_loop(
     run.on_done = on_done
     for u in range(users):
         run.push(ramp_up_s * u / users, USER, u)
+    end = run.loop(horizon + drain_s)
+    return run.result(end)
+
+
+def simulate_sessions(
+    cluster: ClusterSpec,
+    starts: Sequence[float] | NDArray[np.float64],
+    sessions: SessionsLike,
+    windows: Windows,
+    *,
+    drain_s: float = 60.0,
+    seed: int = 0,
+) -> SimResult:
+    """Session ``s`` sends its first turn at ``starts[s]``; each later turn is due when the reply
+    before it has ended plus the session's think time, and carries that reply (as the live
+    runner). No turn becomes due after the point ends; what is in flight then gets ``drain_s``."""
+    requests: list[RequestLike] = []
+    run = _Run(cluster, requests, seed)
+    run.windows = windows
+    horizon = windows.total_s
+    turn_of: list[int] = []  # request index -> its turn
+    next_turn: dict[int, int] = {}
+    reply: dict[int, int] = {}  # session -> tokens of its last reply
+
+    def user_next(session: int, t: float) -> None:
+        k = next_turn.get(session, 0)
+        requests.append(sessions.request(session, k, reply.get(session, 0)))
+        i = len(requests) - 1
+        turn_of.append(k)
+        next_turn[session] = k + 1
+        run.user_of[i] = session
+        run.arrive(i, t, windows.phase(t))
+
+    def on_done(i: int, t: float) -> None:
+        session, k = run.user_of[i], turn_of[i]
+        if k + 1 >= sessions.turns:
+            return
+        reply[session] = run.records[i].output_tokens or 0
+        due = t + sessions.think_s(session, k + 1)
+        if due < horizon:
+            run.push(due, USER, session)
+
+    run.user_next = user_next
+    run.on_done = on_done
+    times = starts.tolist() if hasattr(starts, "tolist") else list(starts)
+    for s, off in enumerate(times):
+        if off < horizon:
+            run.push(float(off), USER, s)
     end = run.loop(horizon + drain_s)
     return run.result(end)
