@@ -82,6 +82,16 @@ class EngineMetrics:
     prefix_hits: str
     cache_config_info: str  # labels: block size, cache dtype, blocks (None where not exported)
     version_labels: tuple[str, ...]  # label keys that may carry the engine's version
+    prompt_tokens: str  # counters (exported with a _total suffix)
+    generation_tokens: str
+    request_success: str
+    preemptions: str
+    ttft: str  # histograms (seconds)
+    itl: str
+    tpot: str  # per request
+    tpot_per_token: str  # the older per-token histogram, where the per-request one is absent
+    prefill_time: str
+    decode_time: str
 
 
 class EngineAdapter(Protocol):

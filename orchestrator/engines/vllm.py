@@ -36,6 +36,16 @@ METRICS = EngineMetrics(
     prefix_hits="vllm:prefix_cache_hits",
     cache_config_info="vllm:cache_config_info",
     version_labels=("version", "vllm_version", "engine_version"),
+    prompt_tokens="vllm:prompt_tokens",
+    generation_tokens="vllm:generation_tokens",
+    request_success="vllm:request_success",
+    preemptions="vllm:num_preemptions",
+    ttft="vllm:time_to_first_token_seconds",
+    itl="vllm:inter_token_latency_seconds",
+    tpot="vllm:request_time_per_output_token_seconds",
+    tpot_per_token="vllm:time_per_output_token_seconds",
+    prefill_time="vllm:request_prefill_time_seconds",
+    decode_time="vllm:request_decode_time_seconds",
 )
 
 

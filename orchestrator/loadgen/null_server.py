@@ -29,6 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import cast
 
+from orchestrator.engines import engine_for
 from orchestrator.loadgen.workloads import VOCAB
 
 
@@ -85,19 +86,20 @@ class _Counters:
 
     def metrics(self, model: str) -> bytes:
         lab = f'{{model_name="{model}"}}'
+        m = engine_for().metrics
         lines = [
-            "# HELP vllm:request_success_total Count of successfully processed requests.",
-            "# TYPE vllm:request_success_total counter",
-            f"vllm:request_success_total{lab} {self.success}",
-            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{lab} {self.prompt_tokens}",
-            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{lab} {self.generation_tokens}",
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{lab} 0.0",
+            f"# HELP {m.request_success}_total Count of successfully processed requests.",
+            f"# TYPE {m.request_success}_total counter",
+            f"{m.request_success}_total{lab} {self.success}",
+            f"# HELP {m.prompt_tokens}_total Number of prefill tokens processed.",
+            f"# TYPE {m.prompt_tokens}_total counter",
+            f"{m.prompt_tokens}_total{lab} {self.prompt_tokens}",
+            f"# HELP {m.generation_tokens}_total Number of generation tokens processed.",
+            f"# TYPE {m.generation_tokens}_total counter",
+            f"{m.generation_tokens}_total{lab} {self.generation_tokens}",
+            f"# HELP {m.running} Number of requests in model execution batches.",
+            f"# TYPE {m.running} gauge",
+            f"{m.running}{lab} 0.0",
         ]
         return ("\n".join(lines) + "\n").encode()
 

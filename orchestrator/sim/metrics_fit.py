@@ -46,18 +46,20 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import poisson
 
+from orchestrator.engines import engine_for
 from orchestrator.sim.model import PrefillChunk, WorkerModel
 
-TPOT = "vllm:request_time_per_output_token_seconds"
-TPOT_OLD = "vllm:time_per_output_token_seconds"  # vLLM before v1's per-request histogram
-PREFILL = "vllm:request_prefill_time_seconds"
-DECODE = "vllm:request_decode_time_seconds"
-PROMPT = "vllm:prompt_tokens"
-GENERATION = "vllm:generation_tokens"
-SUCCESS = "vllm:request_success"
-RUNNING = "vllm:num_requests_running"
-CACHE_QUERIES = "vllm:prefix_cache_queries"
-CACHE_HITS = "vllm:prefix_cache_hits"
+_M = engine_for().metrics  # the engine's names (the vLLM adapter's)
+TPOT = _M.tpot
+TPOT_OLD = _M.tpot_per_token  # vLLM before v1's per-request histogram
+PREFILL = _M.prefill_time
+DECODE = _M.decode_time
+PROMPT = _M.prompt_tokens
+GENERATION = _M.generation_tokens
+SUCCESS = _M.request_success
+RUNNING = _M.running
+CACHE_QUERIES = _M.prefix_queries
+CACHE_HITS = _M.prefix_hits
 # The sample names a fit reads (counters with and without _total; histograms' _sum and _count).
 SAMPLE_NAMES: tuple[str, ...] = (
     *(f"{h}_{s}" for h in (TPOT, TPOT_OLD, PREFILL, DECODE) for s in ("sum", "count")),

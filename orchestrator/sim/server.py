@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from orchestrator.engines import engine_for
 from orchestrator.sim.engine import ClusterSpec, Worker
 from orchestrator.sim.engine.worker import WAITING
 from orchestrator.sim.realtime import Pending, SimCluster
@@ -68,6 +69,7 @@ class _Collector:
 
     def collect(self):
         s = self.server
+        m = engine_for().metrics
         ws: list[Worker] = s.cluster.workers
         lab = ["model_name", "engine"]
         val = [s.config.served_model_name, "0"]
@@ -82,17 +84,17 @@ class _Collector:
             c.add_metric(val, v)
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests in the batch.", sum(w.running for w in ws))
-        yield gauge("vllm:num_requests_waiting", "Requests waiting.",
+        yield gauge(m.running, "Requests in the batch.", sum(w.running for w in ws))
+        yield gauge(m.waiting, "Requests waiting.",
                     sum(len(w.waiting) + len(w.transferring) for w in ws))
-        yield gauge("vllm:kv_cache_usage_perc", "KV cache usage (0-1).",
+        yield gauge(m.kv_usage, "KV cache usage (0-1).",
                     max((w.memory.usage for w in ws), default=0.0))
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens queried.", sum(w.memory.queries for w in ws))
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens hit.", sum(w.memory.hits for w in ws))
-        yield counter("vllm:prompt_tokens", "Prompt tokens.", sum(w.prompt_tokens_total for w in ws))
-        yield counter("vllm:generation_tokens", "Generated tokens.", sum(w.generation_tokens_total for w in ws))
-        yield counter("vllm:num_preemptions", "Preemptions.", sum(w.preemptions for w in ws))
-        yield counter("vllm:request_success", "Finished requests.", s.finished)
+        yield counter(m.prefix_queries, "Prompt tokens queried.", sum(w.memory.queries for w in ws))
+        yield counter(m.prefix_hits, "Prompt tokens hit.", sum(w.memory.hits for w in ws))
+        yield counter(m.prompt_tokens, "Prompt tokens.", sum(w.prompt_tokens_total for w in ws))
+        yield counter(m.generation_tokens, "Generated tokens.", sum(w.generation_tokens_total for w in ws))
+        yield counter(m.preemptions, "Preemptions.", sum(w.preemptions for w in ws))
+        yield counter(m.request_success, "Finished requests.", s.finished)
         # Not a vLLM series: steps that ended so late the timeline restarted from then (the
         # requests in flight then ran longer than the model says: the machine was the bottleneck).
         yield counter("orch_sim_timeline_restarts", "Timeline restarts after falling behind the model.",
@@ -104,6 +106,7 @@ class SimServer:
 
     def __init__(self, config: ServeConfig):
         self.config = config
+        m = engine_for().metrics  # the simulated engine speaks vLLM's names
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         # Not a vLLM series: how late each step's tokens left against the model's timeline, so
@@ -120,12 +123,12 @@ class SimServer:
         ).labels(config.served_model_name, "0")
         self.cluster = SimCluster(config.cluster, role=config.role, seed=config.seed, on_step=self._stepped,
                                   on_timing=self._timing, spin_s=config.spin_ms / 1000.0)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT.", labels, registry=self.registry,
+        self.ttft = Histogram(m.ttft, "TTFT.", labels, registry=self.registry,
                               buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
         itl_buckets = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency.", labels,
+        self.itl = Histogram(m.itl, "Inter-token latency.", labels,
                              registry=self.registry, buckets=itl_buckets)
         # vLLM v1's per-request phase histograms (vllm/v1/metrics/stats.py, 0.32), from the
         # engine's timeline as vLLM's engine-core timestamps: TPOT = (last - first token) /
@@ -134,13 +137,13 @@ class SimServer:
         # `orch device fit --experiment` fits a device profile from them.
         phase_buckets = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                          60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-        self.tpot = Histogram("vllm:request_time_per_output_token_seconds",
+        self.tpot = Histogram(m.tpot,
                               "Histogram of time_per_output_token_seconds per request.", labels,
                               registry=self.registry, buckets=itl_buckets).labels(config.served_model_name, "0")
-        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
+        self.prefill_time = Histogram(m.prefill_time,
                                       "Histogram of time spent in PREFILL phase for request.", labels,
                                       registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
-        self.decode_time = Histogram("vllm:request_decode_time_seconds",
+        self.decode_time = Histogram(m.decode_time,
                                      "Histogram of time spent in DECODE phase for request.", labels,
                                      registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
         # Requests not yet scheduled, with when each was (Pending -> step start), for prefill time.

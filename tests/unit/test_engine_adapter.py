@@ -131,14 +131,6 @@ VLLM_FLAG = re.compile(r"--(?:max-num-seqs|max-num-batched-tokens|kv-cache-dtype
                        r"cache-threshold|balance-abs-threshold|vllm-pd-disaggregation|kv-connector|policy|"
                        r"worker-urls|prefill|decode)")
 VLLM_METRIC = re.compile(r"vllm:[a-z_]+")
-# Modules that still name vLLM's metrics themselves: the simulated engine and the null server
-# speak vLLM's exposition (to move onto the adapter with the second engine), the metrics fit
-# reads its histograms. Nothing else may.
-NOT_YET = {"orchestrator/sim/server.py", "orchestrator/sim/metrics_fit.py", "orchestrator/sim/engine/cache.py",
-           "orchestrator/sim/engine/chains.py", "orchestrator/sim/engine/worker.py",
-           "orchestrator/loadgen/null_server.py"}
-
-
 def _vllm_names(source: str) -> set[str]:
     """vLLM flag and metric names written as string literals (docstrings and the project's own
     command-line options, which may share a spelling, are not engine command lines)."""
@@ -169,7 +161,7 @@ def test_vllm_flags_and_metric_names_are_written_in_the_vllm_adapter_only() -> N
     offenders = []
     for path in sorted((ROOT / "orchestrator").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "orchestrator/engines/vllm.py" or rel in NOT_YET:
+        if rel == "orchestrator/engines/vllm.py":
             continue
         found = _vllm_names(path.read_text())
         if found:
