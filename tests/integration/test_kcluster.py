@@ -588,7 +588,8 @@ def test_vllm_command_lines_are_read_as_vllm_reads_them() -> None:
     assert argv[argv.index("--gpu") + 1] == "H100-SXM" and argv[argv.index("--role") + 1] == "decode"
     assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8" and argv[argv.index("--max-num-seqs") + 1] == "48"
     assert argv[argv.index("--host") + 1] == "127.77.9.9" and argv[argv.index("--port") + 1] == "8000"
-    assert argv[argv.index("--served-model-name") + 1] == "qwen3-8b" and argv[argv.index("--model") + 1] == "qwen3-8b"
+    # Served under the name every backend's requests carry; simulated as the catalog's model.
+    assert argv[argv.index("--served-model-name") + 1] == "Qwen/Qwen3-8B" and argv[argv.index("--model") + 1] == "qwen3-8b"
 
     cases = {
         ("Qwen/Qwen3-8B", "--tensor-parallel-size", "2"): (1, "World size (2) is larger than the number of available GPUs (1)"),
