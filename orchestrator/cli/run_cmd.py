@@ -5,14 +5,19 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli.apps import JSON_OPTION, app
 from orchestrator.cli.output import emit_json, say, warn
 from orchestrator.errors import UserError
-from orchestrator.plan import load_plan_file, plan_from_canonical
+from orchestrator.plan import Bar, Plan, load_plan_file, plan_from_canonical
+
+if TYPE_CHECKING:
+    from orchestrator.control.executor import ExperimentOutcome
+    from orchestrator.control.verdicts import BarOutcome
+    from orchestrator.store import StoreLike
 
 # Heavy parts (control, store: pandas, scipy, sqlalchemy) are imported inside the commands so
 # `orch --help` and the other commands start quickly.
@@ -26,7 +31,7 @@ def _num(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _outcome_doc(store, out) -> dict:
+def _outcome_doc(store: StoreLike, out: ExperimentOutcome) -> dict:
     runs = store.runs(out.experiment_id)
     return {
         "experiment": {"id": out.experiment_id, "name": out.experiment_name,
@@ -66,7 +71,7 @@ ALLOW_LOW_POWER_OPTION = typer.Option(False, "--allow-low-power", help="Run even
                                       "bar's power below 50% (a non-interactive run refuses otherwise).")
 
 
-def _check_power(plan, yes: bool, allow_low_power: bool) -> None:
+def _check_power(plan: Plan, yes: bool, allow_low_power: bool) -> None:
     """Issue 21: a run whose bars the dry run predicts it cannot judge costs GPU-hours for an
     INCONCLUSIVE; say so first, and ask (a terminal) or refuse (a script) unless told to go on."""
     from orchestrator.control.dryrun import power_check
@@ -160,7 +165,7 @@ def _verdict_lines(v: dict) -> list[str]:
     return lines
 
 
-def _fallback_label(lower, upper, confidence: float, compare: str = "B/A") -> str:
+def _fallback_label(lower: float | None, upper: float | None, confidence: float, compare: str = "B/A") -> str:
     """For a verdict stored before its label was (migration 0005): what lower..upper then was."""
     lo = "-" if _num(lower) is None else f"{lower:.4g}"
     hi = "-" if _num(upper) is None else f"{upper:.4g}"
@@ -168,7 +173,8 @@ def _fallback_label(lower, upper, confidence: float, compare: str = "B/A") -> st
             f"{2 * confidence - 1:.0%} two-sided interval); stored before labels were")
 
 
-def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: str = "",
+def _verdict_row(bar: Bar, verdict: str, estimate: float | None, lower: float | None,
+                 upper: float | None, blocks: int, note: str = "",
                  label: str | None = None, evidence: dict | None = None) -> dict:
     row = {"bar": bar.id, "compare": bar.compare, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
            "threshold": bar.threshold, "direction": bar.direction, "verdict": verdict,
@@ -180,12 +186,12 @@ def _verdict_row(bar, verdict: str, estimate, lower, upper, blocks: int, note: s
     return row
 
 
-def _judged_row(o) -> dict:
+def _judged_row(o: BarOutcome) -> dict:
     j = o.judgement
     return _verdict_row(o.bar, j.verdict, j.estimate, j.lower, j.upper, j.n, j.note, j.label, o.evidence())
 
 
-def _experiment_doc(store, key: str) -> tuple[dict, int]:
+def _experiment_doc(store: StoreLike, key: str) -> tuple[dict, int]:
     """An experiment's verdicts (as stored when it finished; judged now if it has none yet)."""
     from orchestrator.control.verdicts import experiment_complete, gate_code, judge_experiment
 

@@ -207,7 +207,10 @@ def connect(address: str | None) -> None:
         raise EnvironmentProblem(f"cannot reach the Ray cluster at {address}: {e}") from e
 
 
-def controller(db_url: str, state_root: str):
-    """The cluster's controller actor, started (detached) if it does not exist yet."""
+def controller(db_url: str, state_root: str) -> Any:
+    """The cluster's controller actor, started (detached) if it does not exist yet.
+
+    Typed Any: a Ray ``ActorHandle`` whose remote methods are found at runtime (ray types
+    ``ActorHandle.__getattr__`` as returning Never, which would make every call unusable)."""
     return Controller.options(name=NAME, namespace=NAMESPACE, lifetime="detached",  # type: ignore[attr-defined]  # ray.remote turns the class into an ActorClass at runtime; mypy ignores class decorators
                               get_if_exists=True).remote(db_url, state_root)

@@ -18,7 +18,7 @@ from orchestrator.analysis.blocks import block_log_ratio as _log_ratio
 from orchestrator.analysis.power import blocks_needed
 from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
 from orchestrator.loadgen.schedules import derive_seed
-from orchestrator.plan import Plan
+from orchestrator.plan import Bar, Plan
 
 # A dry run's power is also reported as the blocks needed for this power.
 TARGET_POWER = 0.8
@@ -82,14 +82,15 @@ class BarPrediction:
         }
 
 
-def _curve(arm: ArmPrediction, bar) -> tuple[tuple[float, float], ...]:
+def _curve(arm: ArmPrediction, bar: Bar) -> tuple[tuple[float, float], ...]:
     if bar.metric == "capacity":
         return arm.classes[bar.service_class].curve
     idx = 0 if bar.metric == "goodput_at" else 1
+    assert bar.rate is not None  # an open-loop plan's point metric names its rate (plan validation)
     return tuple((e, v[bar.service_class][idx]) for e, v in arm.fixed_rate[bar.rate])
 
 
-def _value(arm: ArmPrediction, bar, efficiency: float) -> float:
+def _value(arm: ArmPrediction, bar: Bar, efficiency: float) -> float:
     return _interp_loglog(_curve(arm, bar), efficiency)
 
 
@@ -152,7 +153,7 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
     return out
 
 
-def _spread_of_log_ratio(a: ArmPrediction, b: ArmPrediction, bar, sigma: float) -> float:
+def _spread_of_log_ratio(a: ArmPrediction, b: ArmPrediction, bar: Bar, sigma: float) -> float:
     """sd of ln(B/A) (the bar's pair) per block: each arm's elasticity times sigma (independent draws)."""
     slopes = [_elasticity(_curve(arm, bar)) for arm in (a, b)]
     return math.hypot(*slopes) * sigma

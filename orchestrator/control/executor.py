@@ -16,8 +16,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from orchestrator import logs
 from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
@@ -39,6 +40,7 @@ from orchestrator.errors import OrchestratorError, PermanentError, TransientErro
 from orchestrator.plan import Plan
 from orchestrator.store.integrity import same_plan
 from orchestrator.store.lease import ExperimentLease, LeaseLost
+from orchestrator.store.protocol import StoreLike
 from orchestrator.store.repository import Store
 from orchestrator.store.retry import DatabaseOutage, ResilientStore, first_line, retrying
 from orchestrator.store.rows import Registration
@@ -91,9 +93,10 @@ class ExperimentOutcome:
 class Executor:
     """Runs one plan to its verdicts on one backend, storing everything as it goes."""
 
-    def __init__(self, store, backend: Backend, config: ExecutorConfig, progress: ProgressSink | None = None,
-                 session: str | None = None, take_over: bool = False):
-        self.store = store
+    def __init__(self, store: StoreLike, backend: Backend, config: ExecutorConfig,
+                 progress: ProgressSink | None = None, session: str | None = None,
+                 take_over: bool = False) -> None:
+        self.store: StoreLike = store
         self.take_over = take_over
         self._lease: ExperimentLease | None = None
         self.backend = backend
@@ -143,24 +146,30 @@ class Executor:
                 self._lease = None
             self.store = base
 
+    @property
+    def _retry_budget_s(self) -> float:
+        """The retry budget of the ResilientStore that ``_run`` wraps the store in (only read
+        inside ``_run``, where ``self.store`` is that ResilientStore)."""
+        return cast(ResilientStore, self.store).retry_budget_s
+
     def _take_lease(self, base: Any, exp_id: int) -> None:
         """Own the experiment (DESIGN 12) and fence every later write of this executor by it;
         then write back what a dead process of this experiment left in the spool."""
         if isinstance(base, Store):
             self._lease = ExperimentLease(base, exp_id, self.session).acquire(self.take_over)
-            self.store = ResilientStore(self._lease.fenced(), self.store.retry_budget_s)
+            self.store = ResilientStore(self._lease.fenced(), self._retry_budget_s)
         spool = self.config.state_dir / "spool"
         if spooled_points(spool):
             mine: set[int] = set()
             for r in self.store.runs(exp_id):
                 mine.update(int(i) for i in self.store.points(r.id)["id"])
-            written = retrying(lambda: replay(self.store, spool, mine), "spool replay", self.store.retry_budget_s)
+            written = retrying(lambda: replay(self.store, spool, mine), "spool replay", self._retry_budget_s)
             if written:
                 self.progress.note(f"replayed {written} spooled request record(s) of an earlier process")
 
     def _ensure_owner(self) -> None:
         if self._lease is not None:
-            retrying(self._lease.ensure, "lease check", self.store.retry_budget_s)
+            retrying(self._lease.ensure, "lease check", self._retry_budget_s)
 
     def _run_owned(self, plan: Plan, new: bool, name: str | None, experiment_id: int | None,
                    base: Any) -> ExperimentOutcome:
@@ -482,7 +491,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _ts(dt) -> float:
+def _ts(dt: datetime) -> float:
     """Epoch seconds of a stored (UTC) datetime."""
     from datetime import UTC
 

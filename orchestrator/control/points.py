@@ -37,6 +37,7 @@ from orchestrator.loadgen.workloads import (
 from orchestrator.plan import Plan
 from orchestrator.plan.sources import DataFileError
 from orchestrator.records import RequestRecord
+from orchestrator.store.protocol import StoreLike
 
 T = TypeVar("T")
 ERROR_STATUSES = ("http_error", "disconnect", "timeout")
@@ -249,8 +250,9 @@ class PointRunner:
     """Measures load points of one run and stores everything as it goes. ``progress``: told the
     running point's attainment so far as its requests end (the live display)."""
 
-    def __init__(self, store, backend: Backend, plan: Plan, spool_dir: Path, generator_ceiling: float | None,
-                 max_shards: int = 1, progress: ProgressSink | None = None):
+    def __init__(self, store: StoreLike, backend: Backend, plan: Plan, spool_dir: Path,
+                 generator_ceiling: float | None, max_shards: int = 1,
+                 progress: ProgressSink | None = None) -> None:
         self.store = store
         self.backend = backend
         self.plan = plan
@@ -488,7 +490,7 @@ class PointRunner:
             judged, plan.guards, not_asked="a prompts file's own text asks for no length"
             if source is not None and source.kind == "prompts" else None)]
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
-        doc = metrics.to_dict()
+        doc: dict[str, Any] = metrics.to_dict()  # per_class: class -> figures (a JSON mapping)
         context_doc: dict[str, Any] = {
             "server_prefix_hit_rate": hit, "ideal_prefix_hit_rate": context.expected_prefix_hit_rate,
             "expected_prefix_hit_rate": expected_prefix_hit_rate(

@@ -17,6 +17,7 @@ from orchestrator import logs
 from orchestrator.errors import EnvironmentProblem, TransientError
 from orchestrator.records import RequestRecord
 from orchestrator.store.ingest import DuplicateRequestRecords
+from orchestrator.store.protocol import StoreLike
 
 log = logs.get_logger(__name__)
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
@@ -41,7 +42,7 @@ class SpoolingSink:
     database never delays a scheduled send.
     """
 
-    def __init__(self, store, point_id: int, spool_dir: Path):
+    def __init__(self, store: StoreLike, point_id: int, spool_dir: Path) -> None:
         self.store = store
         self.point_id = point_id
         self.path = Path(spool_dir) / f"point-{point_id}.jsonl"
@@ -133,7 +134,7 @@ def spooled_points(spool_dir: Path) -> list[int]:
     return sorted(out)
 
 
-def replay(store, spool_dir: Path, point_ids: set[int]) -> int:
+def replay(store: StoreLike, spool_dir: Path, point_ids: set[int]) -> int:
     """Write what a dead process spooled for these points; the count of records written.
     Raises the database's error when it is still down (nothing is removed then)."""
     written = 0

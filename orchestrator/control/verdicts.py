@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.balance import order_balance
 from orchestrator.analysis.blocks import BlockRatio, CapacityValue, block_log_ratio
 from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
 from orchestrator.control.design import block_order
 from orchestrator.plan import Bar, Plan
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from orchestrator.store import StoreLike
 
 BACK_TO_BACK = "back_to_back"
 
@@ -48,7 +53,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def valid_runs(store, experiment_id: int) -> dict[tuple[int, str], int]:
+def valid_runs(store: StoreLike, experiment_id: int) -> dict[tuple[int, str], int]:
     """(block, arm) -> the run id that counts: valid, done, and no failed run-level guard."""
     out: dict[tuple[int, str], int] = {}
     for r in store.runs(experiment_id):
@@ -59,7 +64,7 @@ def valid_runs(store, experiment_id: int) -> dict[tuple[int, str], int]:
     return out
 
 
-def bar_values(store, experiment_id: int, bar: Bar, runs: dict[tuple[int, str], int]) -> dict[int, tuple[float, float]]:
+def bar_values(store: StoreLike, experiment_id: int, bar: Bar, runs: dict[tuple[int, str], int]) -> dict[int, tuple[float, float]]:
     """Per block with both arms of the bar's pair valid: (value of the denominator, value of the
     numerator) of the bar's metric: (A, B) for B/A, (A, C) for C/A."""
     blocks = sorted({b for b, _ in runs})
@@ -81,14 +86,14 @@ def _den_num(bar: Bar) -> tuple[str, str]:
     return den, num
 
 
-def _value(store, caps, run_id: int, bar: Bar) -> float:
+def _value(store: StoreLike, caps: pd.DataFrame | None, run_id: int, bar: Bar) -> float:
     if caps is not None:
         row = caps[(caps.run_id == run_id) & (caps.class_name == bar.service_class)]
         return float(row.capacity.iloc[0]) if len(row) else math.nan
     return _at_rate(store, run_id, bar)
 
 
-def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
+def dropped_blocks(store: StoreLike, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
                    used: set[int] | dict[int, Any]) -> dict[int, str]:
     """Each planned block a bar's verdict cannot use, with why (of the bar's two arms): an arm not run yet, an arm
     without a valid run (its last attempt's reason), a failed run-level guard (back to back),
@@ -121,7 +126,7 @@ def dropped_blocks(store, experiment_id: int, plan: Plan, bar: Bar, runs: dict[t
     return out
 
 
-def _at_rate(store, run_id: int, bar: Bar) -> float:
+def _at_rate(store: StoreLike, run_id: int, bar: Bar) -> float:
     pts = store.points(run_id)
     if pts.empty:
         return math.nan
@@ -137,13 +142,13 @@ def _at_rate(store, run_id: int, bar: Bar) -> float:
     return sum(float(v) for v in vals) / len(vals) if vals else math.nan
 
 
-def _capacity_value(caps, run_id: int, bar: Bar, value: float) -> CapacityValue:
+def _capacity_value(caps: pd.DataFrame, run_id: int, bar: Bar, value: float) -> CapacityValue:
     """A stored capacity with its censoring: the columns censored/converged/upper once the store
     keeps them (CapacityResult's); until then a zero is "no rate passed" (censored below)."""
     rows = caps[(caps.run_id == run_id) & (caps.class_name == bar.service_class)]
     row = rows.iloc[0] if len(rows) else {}
 
-    def col(name: str, default):
+    def col(name: str, default: Any) -> Any:
         v = row.get(name, default) if hasattr(row, "get") else default
         return default if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
@@ -154,7 +159,8 @@ def _capacity_value(caps, run_id: int, bar: Bar, value: float) -> CapacityValue:
                          censored=censored, converged=converged)
 
 
-def _block_ratio(block: int, a: float, b: float, caps=None, runs=None, bar: Bar | None = None) -> float | BlockRatio:
+def _block_ratio(block: int, a: float, b: float, caps: pd.DataFrame | None = None,
+                 runs: dict[tuple[int, str], int] | None = None, bar: Bar | None = None) -> float | BlockRatio:
     """A block's ln(B/A) (or of the bar's pair), or its interval when a capacity is censored;
     0/0 is no ratio, not 1."""
     if caps is not None and runs is not None and bar is not None:
@@ -164,7 +170,7 @@ def _block_ratio(block: int, a: float, b: float, caps=None, runs=None, bar: Bar 
     return block_log_ratio(b, a, block)
 
 
-def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
+def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan) -> list[BarOutcome]:
     """Judge every bar of the plan over the experiment's valid blocks (Holm across all bars,
     whatever pair each compares)."""
     if not plan.bars:
@@ -191,7 +197,7 @@ def judge_experiment(store, experiment_id: int, plan: Plan) -> list[BarOutcome]:
     return out
 
 
-def experiment_complete(store, experiment_id: int, plan: Plan) -> bool:
+def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> bool:
     """The one definition of "complete" for `orch run` and `orch verdict --gate`: the
     experiment is done and every planned block counts (valid runs of every arm whose
     run-level guards, back-to-back included, passed)."""

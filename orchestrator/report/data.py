@@ -13,9 +13,16 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.engines import engine_for
-from orchestrator.plan import Plan
+from orchestrator.plan import Bar, Plan
 from orchestrator.records import RequestRecord
-from orchestrator.store import ExperimentInfo, GuardRecord, Registration, RunInfo, VerdictInfo
+from orchestrator.store import (
+    ExperimentInfo,
+    GuardRecord,
+    Registration,
+    RunInfo,
+    Store,
+    VerdictInfo,
+)
 
 # The server metrics drawn over time (the engine adapter's names; the sim server exports them).
 _METRICS = engine_for().metrics
@@ -69,11 +76,11 @@ class ExperimentData:
             out.append((self.run(int(row.run_id)), int(near.id.iloc[-1]), float(row.capacity)))
         return out
 
-    def bar(self, bar_id: str):
+    def bar(self, bar_id: str) -> Bar | None:
         return next((b for b in self.plan.bars if b.id == bar_id), None)
 
 
-def load_experiment(store, key: int | str) -> ExperimentData:
+def load_experiment(store: Store, key: int | str) -> ExperimentData:
     """Read one experiment (by id or name) with everything a report needs."""
     exp = store.get_experiment(key)
     reg = store.get_registration(exp.registration_id)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from orchestrator.report import plots
 
+if TYPE_CHECKING:
+    from orchestrator.store import Store
+
 # The key columns of store.history.capacity_by_config a trend is drawn per (never pooled).
 TREND_KEYS = ("workload_sha256", "ttft_ms", "tpot_ms", "backend", "simulated")
 
 
-def capacity_trends(store, by_config: pd.DataFrame, since_days: float | None = None) -> pd.DataFrame:
+def capacity_trends(store: Store, by_config: pd.DataFrame, since_days: float | None = None) -> pd.DataFrame:
     """Run-by-run capacity of every comparable group in ``by_config`` (rows of
     store.capacity_by_config: configuration, class, workload, limits, backend, simulated), oldest
     first, with the configuration's label (marked when simulated) beside it."""
@@ -42,7 +46,7 @@ def capacity_trends(store, by_config: pd.DataFrame, since_days: float | None = N
     return pd.concat(parts, ignore_index=True)
 
 
-def plot_capacity_history(store, by_config: pd.DataFrame, path: str | Path,
+def plot_capacity_history(store: Store, by_config: pd.DataFrame, path: str | Path,
                           since_days: float | None = None) -> Path | None:
     """Draw capacity over time per comparable group into ``path`` (PNG); None when no valid run
     matches."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -18,6 +19,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from orchestrator.report.data import ExperimentData, class_value, server_series  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # A and B as they always were; further arms (a plan may have up to 8) from the tab10 palette.
 ARM_COLORS = {"A": "#1f77b4", "B": "#d62728", "C": "#2ca02c", "D": "#9467bd", "E": "#ff7f0e",
@@ -30,7 +35,7 @@ def _color(arm: str) -> str:
     return ARM_COLORS.get(arm, "#555555")
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -128,7 +133,7 @@ def load_curves(data: ExperimentData, class_name: str, path: Path) -> Path | Non
     return _save(fig, path)
 
 
-def _ecdf(ax, values: np.ndarray, n_total: int, color: str, label: str, ls: str = "-") -> bool:
+def _ecdf(ax: Axes, values: np.ndarray, n_total: int, color: str, label: str, ls: str = "-") -> bool:
     """Empirical CDF over every scheduled request: misses (+inf) keep the curve below 1.
     False when there is nothing to draw (no requests, or none with a finite value)."""
     finite = np.sort(values[np.isfinite(values)])

@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.report import html, pareto, plots, summary
 from orchestrator.report.data import ExperimentData, load_experiment
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
 
 INDEX = "index.html"
 FIGURES = "figures"
@@ -61,7 +64,7 @@ class WrittenReport:
     images: dict[str, Any]
 
 
-def render_report(store, experiment: int | str, out_dir: str | Path) -> WrittenReport:
+def render_report(store: Store, experiment: int | str, out_dir: str | Path) -> WrittenReport:
     """Write the report of ``experiment`` (id or name) into ``out_dir``.
 
     The page needs no network: CSS is inline, figures are PNG files in ``out_dir/figures``."""
@@ -86,7 +89,7 @@ def render_report(store, experiment: int | str, out_dir: str | Path) -> WrittenR
     return WrittenReport(index, doc, images)
 
 
-def write_report(store, experiment: int | str, out_dir: str | Path) -> Path:
+def write_report(store: Store, experiment: int | str, out_dir: str | Path) -> Path:
     """Write the report of ``experiment`` (id or name) into ``out_dir``; returns index.html."""
     return render_report(store, experiment, out_dir).index
 

@@ -26,6 +26,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 KIND = "orchestrator-device-probe"
@@ -34,6 +35,11 @@ KIND = "orchestrator-device-probe"
 LOG_PREFIX = "ORCH-DEVICE-PROBE-RESULT "
 WARMUP_S = 0.1
 VERSION = 1
+# torch's types, as Any: torch is imported inside the functions (the probe must load without
+# it) and need not be installed where the orchestrator is type-checked.
+Tensor = Any  # a torch.Tensor
+Device = Any  # a torch.device
+DType = Any  # a torch.dtype
 # Qwen3-8B's config.json (the shape of issue 21's H200 table) and the tiny Llama of `make vllm`.
 SHAPES = {
     "qwen3-8b": {"hidden": 4096, "layers": 36, "heads": 32, "kv_heads": 8, "head_dim": 128,
@@ -130,7 +136,7 @@ def probe(tiny: bool, device: str | None, repeats: int | None) -> dict:
 class Clock:
     """Median wall time of a callable (CUDA: synchronized; decode steps replayed from a graph)."""
 
-    def __init__(self, dev, reps: int):
+    def __init__(self, dev: Device, reps: int) -> None:
         import torch
 
         self.torch = torch
@@ -142,7 +148,8 @@ class Clock:
         if self.cuda:
             self.torch.cuda.synchronize()
 
-    def time(self, fn, warmup_s: float = WARMUP_S) -> float:
+    def time(self, fn: Callable[..., object], warmup_s: float = WARMUP_S) -> float:
+        # fn is called with no arguments (Callable[...]: the loops' lambdas bind theirs as defaults).
         with self.torch.inference_mode():
             # Warm-up (allocations, kernel selection, a CPU's JIT and thread pool): 3 calls
             # and at least WARMUP_S.
@@ -187,7 +194,8 @@ class Stack:
     """A decoder stack of the shape with random weights and one layer's dense KV cache (read by
     every layer: the bytes moved are the same, the memory is one layer's)."""
 
-    def __init__(self, shape: dict, dev, dtype, max_batch: int, max_context: int):
+    def __init__(self, shape: dict[str, Any], dev: Device, dtype: DType, max_batch: int,
+                 max_context: int) -> None:
         import torch
 
         self.torch = torch
@@ -195,7 +203,7 @@ class Stack:
         self.s, self.dev, self.dtype = shape, dev, dtype
         h, hd, nh, kvh, inter = shape["hidden"], shape["head_dim"], shape["heads"], shape["kv_heads"], shape["intermediate"]
 
-        def w(i: int, o: int):
+        def w(i: int, o: int) -> Tensor:
             return torch.randn(i, o, device=dev, dtype=dtype) * (i ** -0.5)
 
         self.layers = [(w(h, (nh + 2 * kvh) * hd), w(nh * hd, h), w(h, 2 * inter), w(inter, h))
@@ -205,17 +213,17 @@ class Stack:
         self.k = torch.randn(max_batch, kvh, max_context, hd, device=dev, dtype=dtype)
         self.v = torch.randn(max_batch, kvh, max_context, hd, device=dev, dtype=dtype)
 
-    def x(self, m: int):
+    def x(self, m: int) -> Tensor:
         return self.torch.randn(m, self.s["hidden"], device=self.dev, dtype=self.dtype)
 
-    def _norm(self, x):
+    def _norm(self, x: Tensor) -> Tensor:
         return x * self.torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
 
-    def _mlp(self, x, w_gu, w_down):
+    def _mlp(self, x: Tensor, w_gu: Tensor, w_down: Tensor) -> Tensor:
         g, u = (x @ w_gu).chunk(2, dim=-1)
         return (self.F.silu(g) * u) @ w_down
 
-    def _attend(self, q, k, v, causal: bool):
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         try:
             return self.F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         except TypeError:  # torch < 2.5: no enable_gqa
@@ -223,7 +231,7 @@ class Stack:
             return self.F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                                        is_causal=causal)
 
-    def linears(self, x):
+    def linears(self, x: Tensor) -> Tensor:
         """The linear layers alone (no attention): weights stream at 1 token, GEMMs at many."""
         for wqkv, wo, w_gu, w_down in self.layers:
             y = x @ wqkv
@@ -231,13 +239,13 @@ class Stack:
             x = x + self._mlp(x, w_gu, w_down)
         return x
 
-    def attention_only(self, b: int, c: int):
+    def attention_only(self, b: int, c: int) -> Tensor:
         q = self.torch.randn(b, self.s["heads"], 1, self.s["head_dim"], device=self.dev, dtype=self.dtype)
         for _ in self.layers:
             q = self._attend(q, self.k[:b, :, :c], self.v[:b, :, :c], causal=False)
         return q
 
-    def decode(self, b: int, c: int):
+    def decode(self, b: int, c: int) -> Tensor:
         s = self.s
         x = self.x(b)
         for wqkv, wo, w_gu, w_down in self.layers:
@@ -248,7 +256,7 @@ class Stack:
             x = x + self._mlp(self._norm(x), w_gu, w_down)
         return self._norm(x) @ self.head  # every decode position is sampled
 
-    def prefill(self, n: int):
+    def prefill(self, n: int) -> Tensor:
         s = self.s
         nh, kvh, hd = s["heads"], s["kv_heads"], s["head_dim"]
         x = self.x(n)

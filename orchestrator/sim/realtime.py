@@ -161,7 +161,8 @@ class SimCluster:
         return Sequence(key=next(_keys), prompt_tokens=max(n, 1), max_tokens=max_tokens,
                         hashes=block_hashes(words), remote_tokens=n if remote else 0)
 
-    async def generate(self, words: list[str], max_tokens: int, remote: bool = False):
+    async def generate(self, words: list[str], max_tokens: int,
+                       remote: bool = False) -> tuple[Pending, Callable[[], None]]:
         """Async iterator of (tokens, time) emissions; the sequence is returned via .seq."""
         if self.disaggregated:
             # whole arm, P/D: prefill on the prefill pool, then decode with the KV transfer

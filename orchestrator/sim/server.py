@@ -18,16 +18,16 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from orchestrator.engines import engine_for
-from orchestrator.sim.engine import ClusterSpec, Worker
+from orchestrator.sim.engine import ClusterSpec, Sequence, Worker
 from orchestrator.sim.engine.worker import WAITING
 from orchestrator.sim.realtime import Pending, SimCluster
 
@@ -67,7 +67,7 @@ class _Collector:
     def describe(self) -> list:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         s = self.server
         m = engine_for().metrics
         ws: list[Worker] = s.cluster.workers
@@ -329,7 +329,7 @@ class SimServer:
         # the output_limit guard; on every path readiness refuses the server at once.
         return random.Random(self.received).randint(1, 4 * max_tokens)
 
-    def _kv_out(self, seq, kv_in: dict) -> dict | None:
+    def _kv_out(self, seq: Sequence, kv_in: dict) -> dict | None:
         if not kv_in.get("do_remote_decode"):
             return None
         blocks = max(1, -(-seq.prompt_tokens // 16))
