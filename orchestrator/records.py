@@ -3,18 +3,28 @@ what analysis judges and what the store keeps. Pure data; no I/O.
 
 Times are absolute, in seconds on the wall clock (``time.time()`` epoch) for real runs and on
 the simulation clock for virtual-time runs; only differences matter to analysis. TTFT is
-measured from ``scheduled_s`` (DESIGN section 7); the send-based figure is kept too.
+measured from ``scheduled_s`` (DESIGN section 7); ``sent_s`` is kept too (``send_lag_s``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Status = Literal["ok", "http_error", "timeout", "disconnect", "cancelled", "unsent"]
-STATUSES: tuple[str, ...] = ("ok", "http_error", "timeout", "disconnect", "cancelled", "unsent")
+STATUSES: tuple[str, ...] = get_args(Status)
+# A request that ended in an error: the server answered with an error status, or the connection
+# broke. analysis.metrics charges such a miss to "error"; a timeout is no error there (the
+# request was still running when its time ran out: "unfinished").
+ERROR_STATUSES: tuple[str, ...] = ("http_error", "disconnect")
+# A request that ended without a complete reply and never will: an error or a timeout (a
+# certain miss for the early stop; a failed request for the server check and the report).
+ERROR_OR_TIMEOUT_STATUSES: tuple[str, ...] = (*ERROR_STATUSES, "timeout")
 Phase = Literal["warmup", "measure", "cooldown"]
+WARMUP: Phase = "warmup"
+MEASURE: Phase = "measure"  # the only phase judged
+COOLDOWN: Phase = "cooldown"
 
 
 @dataclass(slots=True)
@@ -55,13 +65,6 @@ class RequestRecord:
         if self.first_token_s is None:
             return math.inf
         return self.first_token_s - self.scheduled_s
-
-    @property
-    def ttft_from_send_s(self) -> float:
-        """First token minus actual send (stored, never used for classes)."""
-        if self.first_token_s is None or self.sent_s is None:
-            return math.inf
-        return self.first_token_s - self.sent_s
 
     @property
     def tpot_s(self) -> float:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
-Censoring = Literal["below_min", "above_max", "at_ceiling"]
-CENSORING: tuple[str, ...] = ("below_min", "above_max", "at_ceiling")
-
+from orchestrator.outcomes import CENSORING, Censoring
 
 
 @dataclass(frozen=True, slots=True)

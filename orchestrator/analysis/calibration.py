@@ -27,7 +27,7 @@ import numpy as np
 from scipy import special
 
 from orchestrator.analysis.balance import abba_orders, order_balance
-from orchestrator.analysis.blocks import BlockRatio, CapacityValue, Censoring
+from orchestrator.analysis.blocks import BlockRatio, CapacityValue
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import (
     CONTAMINATED_SHARE,
@@ -43,6 +43,7 @@ from orchestrator.analysis.stats import (
     judge_bars,
     judge_many,
 )
+from orchestrator.outcomes import Censoring
 
 NOISE_KINDS = ("normal", "student_t3", "laplace", "contaminated", "exp_tail", "exponential", "contaminated_far")
 

@@ -278,17 +278,6 @@ def back_to_back(runs: Sequence[RunEnvironment], window_h: float) -> GuardResult
                        "; ".join(problems) or f"{len(runs)} runs alike, within {span_h:.2f} h")
 
 
-def registration(registered_s: float | None, first_run_s: float, plan_hash: str,
-                 run_plan_hash: str) -> GuardResult:
-    """The plan was registered before the first run and the run used that registration."""
-    problems = []
-    if registered_s is None or registered_s > first_run_s:
-        problems.append("plan not registered before the first run")
-    if plan_hash != run_plan_hash:
-        problems.append("run judged against a different plan hash (edited plan)")
-    return GuardResult("registration", not problems, None, None, "; ".join(problems) or "registered")
-
-
 def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
                ctx: PointContext) -> list[GuardResult]:
     """Every point-level guard, in DESIGN order."""

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.plan.catalog import ServiceClass
-from orchestrator.records import RequestRecord
+from orchestrator.records import ERROR_STATUSES, MEASURE, RequestRecord
 
-MEASURE = "measure"
 PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 # Why a request missed its class, in the order a miss is charged to (one cause per miss).
+# "error": a status in records.ERROR_STATUSES (a timeout is "unfinished").
 MISS_CAUSES: tuple[str, ...] = ("error", "unfinished", "wrong_tokens", "ttft", "tpot")
-ERROR_STATUSES = frozenset({"http_error", "disconnect"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 from orchestrator.analysis.metrics import miss_cause
 from orchestrator.plan.catalog import ServiceClass
-from orchestrator.records import RequestRecord
+from orchestrator.records import ERROR_OR_TIMEOUT_STATUSES, RequestRecord
 
-ERROR_STATUSES = ("http_error", "disconnect", "timeout")
 MIN_FRACTION = 0.30
 
 
@@ -49,7 +48,7 @@ class EarlyStop:
 
 def certain_miss(r: RequestRecord, cls: ServiceClass, now_s: float) -> bool:
     """True when ``r`` has missed ``cls`` whatever happens after ``now_s``."""
-    if r.status in ERROR_STATUSES:
+    if r.status in ERROR_OR_TIMEOUT_STATUSES:
         return True
     if r.finished:
         return miss_cause(r, cls) is not None

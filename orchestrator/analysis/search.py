@@ -36,11 +36,17 @@ with ``observe`` (their attainment for *this* class), which saves points.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrator.analysis.blocks import CapacityValue, Censoring
+from orchestrator.analysis.blocks import CapacityValue
+from orchestrator.outcomes import Censoring
+
+if TYPE_CHECKING:
+    from orchestrator.plan import SearchSettings
 
 # Attainment is clipped to [EPS, 1 - EPS] before the logit: 1.0 (all kept) carries no slope.
 _EPS = 0.005
@@ -485,3 +491,20 @@ class CapacitySearch:
             upper=upper,
             ceiling=self.ceiling,
         )
+
+
+def search_capacity(settings: SearchSettings, measure: Callable[[float], tuple[float, float]],
+                    seen: Iterable[tuple[float, float, float]] = (), *, precision: float | None = None,
+                    prior: float | None = None, ceiling: float | None = None) -> CapacityResult:
+    """The one capacity-search loop, for the executor's real points and the dry run's virtual
+    ones alike: a ``CapacitySearch`` on the plan's settings, fed every (rate, attainment,
+    goodput) measured so far (``seen``), then asking ``measure(rate) -> (attainment, goodput)``
+    until it has its answer."""
+    s = settings
+    search = CapacitySearch(s.rate.min, s.rate.max, s.precision if precision is None else precision,
+                            s.attainment, s.max_points, prior=prior, ceiling=ceiling)
+    for seen_rate, attainment, goodput in seen:
+        search.observe(seen_rate, attainment, goodput)
+    while (rate := search.next_rate()) is not None:
+        search.observe(rate, *measure(rate))
+    return search.result()

@@ -62,10 +62,9 @@ from scipy import special
 from scipy import stats as sps
 
 from orchestrator.analysis.blocks import BlockRatio
+from orchestrator.outcomes import Verdict
+from orchestrator.plan.experiment import DIRECTIONS, Direction
 
-Verdict = Literal["ACCEPT", "REJECT", "INCONCLUSIVE"]
-Direction = Literal["at_least", "at_most"]
-DIRECTIONS: tuple[str, ...] = ("at_least", "at_most")
 Method = Literal["robust", "student_t"]
 ROBUST: Method = "robust"
 STUDENT_T: Method = "student_t"

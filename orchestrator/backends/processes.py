@@ -137,11 +137,6 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def stop_process(pid: int, grace_s: float = 5.0) -> bool:
-    """Stop a process we started and everything in its process group (see ``stop_group``)."""
-    return stop_group(pid, grace_s)
-
-
 class StateFile:
     """JSON file listing the processes of one run attempt (for idempotent teardown and cleanup)."""
 

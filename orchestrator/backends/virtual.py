@@ -40,7 +40,7 @@ from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, Sink, StopC
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.loadgen.workloads import RequestSpec, SessionScript
 from orchestrator.plan import Plan, Workload
-from orchestrator.records import RequestRecord
+from orchestrator.records import ERROR_STATUSES, RequestRecord
 from orchestrator.sim.engine import ClusterSpec, Windows, cluster_for_arm, output_hash
 from orchestrator.sim.engine import simulate_closed_loop as sim_closed
 from orchestrator.sim.engine import simulate_open_loop as sim_open
@@ -148,6 +148,15 @@ def _deliver(sink: Sink | None, records: list[RequestRecord]) -> None:
             raise TypeError("the virtual driver takes a synchronous sink")
 
 
+def _timed_windows(duration_s: float, warmup_s: float, measure_s: float | None, request_timeout_s: float,
+                   deadline_s: float | None) -> tuple[Windows, float]:
+    """A timed point's windows (closed loop, sessions) and when it ends: the deadline, else the
+    duration plus one request's timeout."""
+    measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
+    windows = Windows(warmup_s, measure, max(0.0, duration_s - warmup_s - measure))
+    return windows, deadline_s if deadline_s is not None else duration_s + request_timeout_s
+
+
 class VirtualDriver:
     """A deployment's load driver on the simulator's clock (offset 0 of a point = time 0)."""
 
@@ -197,21 +206,13 @@ class VirtualDriver:
                     keep_records: bool = False, **_http: Any) -> PointSummary:
         if users < 1:
             raise ValueError("users must be >= 1")
-        measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
-        windows = Windows(warmup_s, measure, max(0.0, duration_s - warmup_s - measure))
-        end = deadline_s if deadline_s is not None else duration_s + request_timeout_s
+        windows, end = _timed_windows(duration_s, warmup_s, measure_s, request_timeout_s, deadline_s)
         st = self.state
         taken = _Taken(iter(requests), lambda spec: _as_served(spec, st.faults))
         res = sim_closed(self._cluster(), taken, users, windows, think_s=think_s,
                          ramp_up_s=ramp_up_s, drain_s=max(0.0, end - windows.total_s), seed=self._seed())
         records = self._finish(res.records, taken.taken[:len(res.records)], request_timeout_s)
-        self._count_prefix(records)
-        self._account(records)
-        _deliver(sink, records)
-        summary = summarize(records, 0.0, "virtual")
-        if keep_records:
-            summary.records = records
-        return summary
+        return self._handed(records, sink, keep_records)
 
     def sessions(self, url: str, model: str, workload: Workload, starts: Sequence[float] | np.ndarray, *,
                  seed: int, duration_s: float, warmup_s: float = 0.0, measure_s: float | None = None,
@@ -220,15 +221,17 @@ class VirtualDriver:
                  **_http: Any) -> PointSummary:
         """Live sessions on the simulator's clock: each later turn is due when its reply has
         ended plus the think time, and carries a reply of the length the engine returned."""
-        measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
-        windows = Windows(warmup_s, measure, max(0.0, duration_s - warmup_s - measure))
-        end = deadline_s if deadline_s is not None else duration_s + request_timeout_s
+        windows, end = _timed_windows(duration_s, warmup_s, measure_s, request_timeout_s, deadline_s)
         script = _ServedSessions(SessionScript(workload, seed), self.state.faults)
         res = sim_sessions(self._cluster(), starts, script, windows,
                            drain_s=max(0.0, end - windows.total_s), seed=self._seed())
         records = self._finish(res.records, script.asked, request_timeout_s)
         if sent is not None:
             sent.extend(script.asked)
+        return self._handed(records, sink, keep_records)
+
+    def _handed(self, records: list[RequestRecord], sink: Sink | None, keep_records: bool) -> PointSummary:
+        """A timed point's records counted, handed to the sink and summarized."""
         self._count_prefix(records)
         self._account(records)
         _deliver(sink, records)
@@ -370,7 +373,7 @@ def _first_stop(records: list[RequestRecord], offsets: np.ndarray, deadline: flo
         if r.last_token_s is not None:
             events.append((r.last_token_s, 2, i))
         elif r.sent_s is not None:  # a failed request fails when sent; a cancelled one at the deadline
-            events.append((r.sent_s if r.status in ("disconnect", "http_error") else deadline, 2, i))
+            events.append((r.sent_s if r.status in ERROR_STATUSES else deadline, 2, i))
     events.sort()
     k, last_send = 0, float(offsets[-1])
     t = float(offsets[0])

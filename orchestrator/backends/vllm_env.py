@@ -36,6 +36,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.paths import cache_root
 from orchestrator.plan.catalog import VLLM_VERSION  # the tested version, one place for all
 
 TORCH_VERSION = "2.13.0"
@@ -80,16 +81,6 @@ MODEL_RECIPE = 2
 def words_hash(words: list[str]) -> str:
     """Key of a tiny-model build: its recipe version and word list."""
     return hashlib.sha256(f"{MODEL_RECIPE}\n".encode() + "\n".join(words).encode()).hexdigest()[:16]
-
-
-def cache_root() -> Path:
-    """Per-user cache of the orchestrator (``ORCH_CACHE_DIR`` overrides, e.g. in CI)."""
-    env = os.environ.get("ORCH_CACHE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("orchestrator"))
 
 
 @dataclass(frozen=True)

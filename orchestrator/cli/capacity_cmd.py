@@ -16,7 +16,13 @@ import typer
 from orchestrator.cli.apps import JSON_OPTION, app
 from orchestrator.cli.output import emit_json, say, warn
 from orchestrator.errors import UserError
-from orchestrator.plan import SERVICE_CLASSES, canonical_gpu, load_plan_file
+from orchestrator.plan import (
+    RATE_UNITS,
+    SERVICE_CLASSES,
+    canonical_gpu,
+    kind_of_doc,
+    load_plan_file,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -362,8 +368,9 @@ def capacity_plan(
             raise UserError(f"workload {sig_sha[:12]} has no fixed reply length: cannot turn a rate into tokens")
         # live sessions: the rate (as the search's) is sessions/s, each of `turns` requests
         prompts: dict[str, Any] = workload_doc.get("prompts") or {}
-        per_unit = float(prompts.get("turns") or 1) if isinstance(workload_doc.get("sessions"), dict) else 1.0
-        unit = "sessions/s" if isinstance(workload_doc.get("sessions"), dict) else "req/s"
+        wkind = kind_of_doc(workload_doc)
+        per_unit = float(prompts.get("turns") or 1) if wkind == "sessions" else 1.0
+        unit = RATE_UNITS[wkind]
         out_tokens = float(out_tokens) * per_unit
         filters: dict[str, Any] = {"model": model, "service_class": service_class, "workload": sig_sha}
         if limits is not None:

@@ -142,7 +142,7 @@ def simulate(
     from orchestrator.sim.profiles import profiles_in, read_profile
 
     plan = load_plan_file(plan_file)
-    if plan.workload.arrival is None:
+    if not plan.workload.open_loop:
         raise UserError("plan simulate searches capacity, which comes from open-loop runs only; "
                         "this workload is closed loop (workload.closed)")
     measured = [read_profile(p) for p in profile] + (profiles_in(profiles_dir) if profiles_dir else [])

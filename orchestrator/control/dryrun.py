@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from platformdirs import user_cache_dir, user_data_dir
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
-from orchestrator.analysis.search import CapacityResult, CapacitySearch
+from orchestrator.analysis.search import CapacityResult, search_capacity
 from orchestrator.control.design import design_warnings
 
 # The predictions' types and the bars' arithmetic live in control.dry_bars; their names stay
@@ -52,13 +51,13 @@ from orchestrator.control.dry_bars import (  # noqa: F401 - re-exported
     _ratio,
     predict_bars,
 )
+from orchestrator.control.load_kinds import load_kind
 from orchestrator.control.points import drain_seconds
 from orchestrator.errors import UserError
-from orchestrator.loadgen.datasets import point_load
-from orchestrator.loadgen.schedules import derive_seed, open_loop_offsets
-from orchestrator.loadgen.workloads import SessionScript
+from orchestrator.loadgen.schedules import derive_seed
+from orchestrator.paths import cache_root, data_root
 from orchestrator.plan import Plan, plan_hash
-from orchestrator.sim.engine import Windows, cluster_for_arm, simulate_open_loop, simulate_sessions
+from orchestrator.sim.engine import Windows, cluster_for_arm
 from orchestrator.sim.model import DeviceProfile
 from orchestrator.sim.profiles import profile_for, profiles_in
 
@@ -112,7 +111,7 @@ class DryWindows:
 def unpredictable(plan: Plan) -> str | None:
     """Why the simulator cannot dry-run the plan's own workload (None: it can). Never a dry run
     of some other workload in its place: a power check on it would judge the wrong plan."""
-    if plan.workload.arrival is None:
+    if not load_kind(plan.workload).searchable:
         return "capacity comes from open-loop runs only; this workload is closed loop"
     if any(a.external for a in plan.arms.values()):
         return "the simulator models provisioned arms; external arms are only labelled"
@@ -143,45 +142,31 @@ class ArmSimulator:
         for r, m in self.points.items():
             if abs(r - rate) <= 1e-6 * rate:
                 return m
-        w, plan = self.windows, self.plan
+        w, plan, kind = self.windows, self.plan, load_kind(self.plan.workload)
         seed = derive_seed(self.seed, "dry-run", f"{rate:.6g}")
-        per_start = plan.workload.prompts.turns if plan.workload.sessions is not None else 1
+        per_start = kind.requests_per_unit(plan.workload)
         measure_s = min(w.measure_s, max(MIN_MEASURE_S, MAX_MEASURED / (rate * per_start)))
         w = DryWindows(measure_s, w.warmup_s, w.cooldown_s, w.precision)
         total = w.warmup_s + w.measure_s + w.cooldown_s
-        windows = Windows(w.warmup_s, w.measure_s, w.cooldown_s)
-        if plan.workload.sessions is not None:
-            # Sessions start at the rate (sessions/s); later turns follow their replies.
-            assert plan.workload.arrival is not None
-            offsets = open_loop_offsets(plan.workload.arrival, rate, total, seed)
-            res = simulate_sessions(self.cluster, offsets, SessionScript(plan.workload, seed), windows,
-                                    drain_s=drain_seconds(plan), seed=seed)
-            n_measure = sum(1 for r in res.records if r.phase == "measure")
-            last = max((r.scheduled_s for r in res.records), default=0.0)
-        else:
-            # The point's own load, as the point runner builds it: synthetic, a prompts file's
-            # or a trace's (its arrivals scaled to the rate).
-            offsets, requests = point_load(plan.workload, rate, total, seed)
-            res = simulate_open_loop(self.cluster, requests, offsets, windows, drain_s=drain_seconds(plan), seed=seed)
-            n_measure = int(np.count_nonzero((offsets >= w.warmup_s) & (offsets < w.warmup_s + w.measure_s)))
-            last = float(offsets[-1]) if len(offsets) else 0.0
-        m = point_metrics(res.records, plan.classes, window_s=w.measure_s, n_scheduled=n_measure)
+        # The point's own load, as the point runner builds it: synthetic, a prompts file's, a
+        # trace's (its arrivals scaled to the rate), or live sessions (started at the rate).
+        records, end_s, n_measure, last = kind.simulate(plan, self.cluster, rate,
+                                                        Windows(w.warmup_s, w.measure_s, w.cooldown_s),
+                                                        drain_seconds(plan), seed)
+        m = point_metrics(records, plan.classes, window_s=w.measure_s, n_scheduled=n_measure)
         self.points[rate] = m
-        self.drains[rate] = min(max(res.end_s - max(last, total), 0.0), drain_seconds(plan))
+        self.drains[rate] = min(max(end_s - max(last, total), 0.0), drain_seconds(plan))
         return m
 
     def search(self, cls: str, prior: float | None = None) -> CapacityResult:
         """The capacity search of one class, fed every point this arm measured so far."""
-        s = self.plan.search
-        search = CapacitySearch(s.rate.min, s.rate.max, self.windows.precision, s.attainment, s.max_points,
-                                prior=prior)
-        for seen, m in list(self.points.items()):
-            c = m.per_class[cls]
-            search.observe(seen, c.attainment, c.goodput_tok_s)
-        while (rate := search.next_rate()) is not None:
+        seen = [(r, m.per_class[cls].attainment, m.per_class[cls].goodput_tok_s) for r, m in list(self.points.items())]
+
+        def measure(rate: float) -> tuple[float, float]:
             c = self.point(rate).per_class[cls]
-            search.observe(rate, c.attainment, c.goodput_tok_s)
-        return search.result()
+            return c.attainment, c.goodput_tok_s
+
+        return search_capacity(self.plan.search, measure, seen, precision=self.windows.precision, prior=prior)
 
     def search_all(self, priors: dict[str, float] | None = None) -> dict[str, CapacityResult]:
         """Every class of the plan, in order (as one real run does)."""
@@ -191,7 +176,7 @@ class ArmSimulator:
 def profiles_dir() -> Path:
     """Where installed device profiles live (`orch device fit --install`): ORCH_PROFILES_DIR or
     the user's data directory."""
-    return Path(os.environ.get("ORCH_PROFILES_DIR") or Path(user_data_dir("orchestrator")) / "profiles")
+    return Path(os.environ.get("ORCH_PROFILES_DIR") or data_root() / "profiles")
 
 
 def installed_profiles() -> list[DeviceProfile]:
@@ -285,7 +270,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
                   profiles: Sequence[DeviceProfile] = ()) -> DryRunResult:
     """Run the plan's design in virtual time: capacities, verdicts, power, GPU-hours. An arm
     whose GPU a measured profile describes (``orch device fit``) runs at the profile's rates."""
-    if plan.workload.arrival is None:
+    if not plan.workload.open_loop:
         raise ValueError("a dry run searches capacity, which comes from open-loop runs only; "
                          "this workload is closed loop")
     if replications < 1:
@@ -378,8 +363,7 @@ POWER_CHECK_REPLICATIONS = 200
 
 def dry_run_cache_dir() -> Path:
     """Where dry runs are cached: ORCH_CACHE_DIR or the user's cache directory."""
-    root = os.environ.get("ORCH_CACHE_DIR") or user_cache_dir("orchestrator")
-    return Path(root) / "dryrun"
+    return cache_root() / "dryrun"
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,12 @@ from typing import Any, cast
 
 from orchestrator import logs
 from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
-from orchestrator.analysis.search import CapacitySearch
+from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
 from orchestrator.control.eta import point_seconds
-from orchestrator.control.points import ERROR_STATUSES, PointOutcome, PointRunner
+from orchestrator.control.load_kinds import load_kind
+from orchestrator.control.points import PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.spool import replay, spooled_points
 from orchestrator.control.verdicts import (
@@ -38,6 +39,7 @@ from orchestrator.control.verdicts import (
 )
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
 from orchestrator.plan import Plan
+from orchestrator.records import ERROR_OR_TIMEOUT_STATUSES
 from orchestrator.store.integrity import same_plan
 from orchestrator.store.lease import ExperimentLease, LeaseLost
 from orchestrator.store.protocol import StoreLike
@@ -290,11 +292,10 @@ class Executor:
             runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
                                  self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
             runner.warm_up(dep, arm, block, attempt)
-            if plan.workload.closed is not None:
+            if not runner.kind.searchable:
                 # Closed loop: one point at the plan's N users; no capacity (open loop only).
-                p = self._closed_point(plan, arm, block, run_id, dep, runner, points)
-                line = (f"{p.metrics.throughput_tok_s:.0f} tok/s at {plan.workload.closed.users} users "
-                        "(closed loop)")
+                p = self._point(plan, arm, block, run_id, dep, runner, points, None, None)
+                line = f"{p.metrics.throughput_tok_s:.0f} tok/s at {runner.kind.label(plan, None)}"
             else:
                 caps = self._search(plan, arm, block, run_id, dep, runner, points)
                 for bar in plan.bars:
@@ -345,15 +346,12 @@ class Executor:
                              "can be measured; allow more Ray shards or lower search.rate.min")
         for cls in plan.classes:
             prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
-            search = CapacitySearch(s.rate.min, s.rate.max, s.precision, s.attainment, s.max_points,
-                                    prior=prior, ceiling=ceiling)
-            for seen, measured in points.items():
-                for p in measured:
-                    search.observe(seen, *p.class_values(cls.name))
-            while (rate := search.next_rate()) is not None:
-                p = self._point(plan, arm, block, run_id, dep, runner, points, rate, cls.name)
-                search.observe(rate, *p.class_values(cls.name))
-            res = search.result()
+            seen = [(rate, *p.class_values(cls.name)) for rate, measured in points.items() for p in measured]
+
+            def measure(rate: float, cls: str = cls.name) -> tuple[float, float]:
+                return self._point(plan, arm, block, run_id, dep, runner, points, rate, cls).class_values(cls)
+
+            res = search_capacity(s, measure, seen, prior=prior, ceiling=ceiling)
             self.store.record_capacity(run_id, cls.name, res.capacity, res.at_rate, res.attainment,
                                        res.points_used, censored=res.censored, converged=res.converged,
                                        upper=res.upper)
@@ -361,35 +359,40 @@ class Executor:
         return caps
 
     def _point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
-               runner: PointRunner, points: dict[float, list[PointOutcome]], rate: float,
+               runner: PointRunner, points: dict[float, list[PointOutcome]], rate: float | None,
                cls: str | None) -> PointOutcome:
-        """One load point. The search never asks above the generator's ceiling; a bar's fixed
-        rate above it (known only now: the ceiling is measured at run time) voids the run."""
+        """One load point (``rate`` None: a closed loop's, kept under rate 0 in ``points``). The
+        search never asks above the generator's ceiling; a bar's fixed rate above it (known only
+        now: the ceiling is measured at run time) voids the run."""
         ceiling = self._ceiling(plan)
-        if cls is None and ceiling is not None and rate > ceiling:
+        if rate is not None and cls is None and ceiling is not None and rate > ceiling:
             raise RunInvalid(f"bar rate {rate:.3g} req/s is above the generator's calibrated ceiling "
                              f"{ceiling:.3g} req/s over {self._shards(plan)} process(es): allow more Ray "
                              "shards or a bar rate at or below it")
         self._ensure_owner()
-        self.progress.point_started(f"{rate:.3g} req/s" + (f" [{cls}]" if cls else ""),
+        label = runner.kind.label(plan, rate)
+        self.progress.point_started(label + (f" [{cls}]" if cls else ""),
                                     plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
+        key = 0.0 if rate is None else rate
         seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
-        repeat = self._measured.get((run_id, rate), 0)
-        self._measured[(run_id, rate)] = repeat + 1
+        repeat = self._measured.get((run_id, key), 0)
+        self._measured[(run_id, key)] = repeat + 1
         p = runner.measure(dep, run_id, arm, block, seq, rate, cls, repeat, dep.key.attempt)
-        points.setdefault(rate, []).append(p)
+        points.setdefault(key, []).append(p)
         att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
         stopped = "" if p.early_stop is None else f"  [stopped early at {p.early_stop.at_s:.1f} s: past capacity]"
-        self.progress.point_done(f"{rate:.3g} req/s: attainment {att}{stopped}" + ("" if p.valid else "  [guard failed]"))
+        done = (f"{label}: attainment {att}" if rate is not None
+                else f"{label}: {p.metrics.throughput_tok_s:.0f} tok/s, attainment {att}")
+        self.progress.point_done(done + stopped + ("" if p.valid else "  [guard failed]"))
         self._check_server(dep, p)
         if not p.valid:
             failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
-            raise RunInvalid(f"guard failed at {rate:.3g} req/s: {failed}")
+            raise RunInvalid(f"guard failed at {label}: {failed}")
         return p
 
     def _shards(self, plan: Plan) -> int:
         # Live sessions keep one process: a session's turns must stay on the shard it started on.
-        return 1 if plan.workload.sessions is not None else max(1, self.config.max_shards)
+        return max(1, self.config.max_shards) if load_kind(plan.workload).shardable else 1
 
     def _ceiling(self, plan: Plan) -> float | None:
         """The highest rate the generator holds: one process's calibrated ceiling times the Ray
@@ -397,31 +400,10 @@ class Executor:
         one = self.config.generator_ceiling
         return None if one is None else one * self._shards(plan)
 
-    def _closed_point(self, plan: Plan, arm: str, block: int, run_id: int, dep: Deployment,
-                      runner: PointRunner, points: dict[float, list[PointOutcome]]) -> PointOutcome:
-        """The closed-loop point of a run (kept under rate 0 in ``points``: it has no rate)."""
-        closed = plan.workload.closed
-        assert closed is not None
-        self._ensure_owner()
-        self.progress.point_started(f"{closed.users} users (closed loop)",
-                                    plan.search.warmup_s + plan.search.point_s + plan.search.cooldown_s)
-        seq = sum(n for (rid, _), n in self._measured.items() if rid == run_id)
-        self._measured[(run_id, 0.0)] = self._measured.get((run_id, 0.0), 0) + 1
-        p = runner.measure_closed(dep, run_id, arm, block, seq, dep.key.attempt)
-        points.setdefault(0.0, []).append(p)
-        att = ", ".join(f"{k} {v.attainment:.2f}" for k, v in p.metrics.per_class.items())
-        self.progress.point_done(f"{closed.users} users: {p.metrics.throughput_tok_s:.0f} tok/s, attainment {att}"
-                                 + ("" if p.valid else "  [guard failed]"))
-        self._check_server(dep, p)
-        if not p.valid:
-            failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
-            raise RunInvalid(f"guard failed at {closed.users} users (closed loop): {failed}")
-        return p
-
     def _check_server(self, dep: Deployment, p: PointOutcome) -> None:
         if not self.backend.alive(dep):
             raise RunInvalid("lost the server during the point: a server of the arm died, restarted or stopped answering")
-        errors = sum(1 for r in p.records if r.status in ERROR_STATUSES)
+        errors = sum(1 for r in p.records if r.status in ERROR_OR_TIMEOUT_STATUSES)
         if errors:
             try:
                 self.backend.ready(dep, 10.0)

@@ -4,13 +4,12 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -19,66 +18,18 @@ from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.saturation import EarlyStop, SaturationWatch
 from orchestrator.backends.base import Backend, Deployment
 from orchestrator.control.design import point_seed
+from orchestrator.control.load_kinds import LoadPoint, Send, load_kind, run_sharded
 from orchestrator.control.progress import AttainmentTally, ProgressSink
 from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
 from orchestrator.engines import engine_for
-from orchestrator.errors import PermanentError, TransientError
-from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary
-from orchestrator.loadgen.schedules import open_loop_offsets, point_phases, shards_needed
+from orchestrator.loadgen.schedules import shards_needed
 from orchestrator.loadgen.scrape import Sample, parse_metrics
-from orchestrator.loadgen.workloads import (
-    RequestSpec,
-    expected_prefix_hit_rate,
-    ideal_prefix_hit_rate,
-    session_prefix_hit_rate,
-)
+from orchestrator.loadgen.workloads import expected_prefix_hit_rate
 from orchestrator.plan import Plan
-from orchestrator.plan.sources import DataFileError
 from orchestrator.records import RequestRecord
 from orchestrator.store.protocol import StoreLike
-
-T = TypeVar("T")
-ERROR_STATUSES = ("http_error", "disconnect", "timeout")
-
-
-def _run_sharded(url: str, model: str, requests: Sequence[RequestSpec], offsets: np.ndarray,
-                 phases: Sequence[str], shards: int, kwargs: dict[str, Any]) -> PointSummary:
-    """One point over ``shards`` Ray actors with one shared start time: on the cluster's Ray
-    under `orch submit` (already connected), else a local Ray started here once."""
-    import ray
-
-    from orchestrator.loadgen.shards import run_point_sharded
-
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
-                 log_to_driver=False, ignore_reinit_error=True)
-    # Each shard takes a CPU; shards that cannot all be placed would wait for ever (inside a
-    # controller task on a small cluster, say): say so and let the run be retried later.
-    deadline = time.monotonic() + 10.0  # the last point's shards give their CPUs back shortly
-    while (free := ray.available_resources().get("CPU", 0.0)) < shards and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if free < shards:
-        raise TransientError(f"the point needs {shards} load-generator shards (one CPU each) but Ray has "
-                             f"{free:g} CPU free: add Ray workers or lower ORCH_LOADGEN_MAX_SHARDS", delay=30.0)
-    return run_point_sharded(url, model, requests, offsets, phases, shards, **kwargs)
-
-
-def _taking(specs: Iterator[RequestSpec], taken: list[RequestSpec]) -> Iterator[RequestSpec]:
-    """``specs`` as they are taken, each kept in ``taken`` (a closed loop's count is unknown)."""
-    for spec in specs:
-        taken.append(spec)
-        yield spec
-
-
-def _data(build: Callable[..., T], *args: Any) -> T:
-    """A point's requests; a data file that is gone or changed since registration stops the
-    experiment with its remedy (no retry can fix it)."""
-    try:
-        return build(*args)
-    except DataFileError as e:
-        raise PermanentError(f"workload.source: {e}") from e
 
 
 @dataclass
@@ -263,100 +214,67 @@ class PointRunner:
         # Prompt blocks this run's servers were sent (warm-up, earlier points): a data file's
         # shared parts stay in their caches from point to point, so its bound counts them.
         self.seen_blocks: set[int] = set()
+        self.kind = load_kind(plan.workload)
 
     def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0) -> None:
         """Cold servers (first requests, connection set-up, caches) must not leak into the first
-        point: send the workload at the lowest search rate for a few seconds, unrecorded."""
-        plan, s = self.plan, self.plan.search
-        seconds = max(2.0, s.warmup_s)
+        point: send the workload for a few seconds (at the lowest search rate, or a closed
+        loop's own users), unrecorded."""
+        plan = self.plan
+        seconds = max(2.0, plan.search.warmup_s)
         seed = point_seed(plan.design.seed, block, -1.0, attempt=attempt)
-        closed = plan.workload.closed
-        if closed is not None:
-            # The plan's own users for a few seconds: the load a closed-loop point will bring.
-            taken: list[RequestSpec] = []
-            dep.driver.closed_loop(
-                dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
-                users=closed.users, think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
-                duration_s=seconds, warmup_s=seconds, measure_s=None, api=plan.workload.api, sink=None,
-                request_timeout_s=drain_seconds(plan), deadline_s=None, keep_records=False,
-                headers=dict(dep.endpoint.headers))
-            self._saw(taken)
-            settle(self.backend, dep)
+        send = Send(dep.endpoint.url, dep.endpoint.model, plan.workload.api, None,
+                    timeout_s=seconds + drain_seconds(plan), deadline_s=seconds + drain_seconds(plan),
+                    keep_records=False, headers=dep.endpoint.headers)
+        sent = self.kind.warm_up(plan, dep.driver, send, seed, seconds)
+        if not sent:
             return
-        offsets, requests = _data(point_load, plan.workload, max(s.rate.min, 2.0 / seconds), seconds, seed)
-        if len(offsets) == 0:
-            return
-        dep.driver.open_loop(dep.endpoint.url, dep.endpoint.model, requests, offsets,
-                             ["warmup"] * len(offsets), api=plan.workload.api, sink=None,
-                             request_timeout_s=seconds + drain_seconds(plan),
-                             deadline_s=seconds + drain_seconds(plan), keep_records=False,
-                             headers=dict(dep.endpoint.headers))
-        self._saw(requests)
+        self.kind.saw(sent, self.seen_blocks)
         settle(self.backend, dep)
-
-    def _ideal_hit_rate(self, requests: Sequence[RequestSpec]) -> float:
-        """The workload's upper bound on the server's prefix-cache hit rate (repeat guard)."""
-        if self.plan.workload.source is not None:
-            return content_prefix_hit_rate(requests, self.seen_blocks)
-        if self.plan.workload.sessions is not None:
-            return session_prefix_hit_rate(requests)
-        return ideal_prefix_hit_rate(requests)
-
-    def _saw(self, requests: Sequence[RequestSpec]) -> None:
-        if self.plan.workload.source is not None:  # only a data file's bound reads them
-            content_prefix_hit_rate(requests, self.seen_blocks)
 
     def workers(self, arm: str) -> int:
         pools = self.plan.arm(arm).pools()
         return sum(p.replicas for role, p in pools.items() if role != "decode")
 
     def measure(
-        self, dep: Deployment, run_id: int, arm: str, block: int, seq: int, rate: float,
+        self, dep: Deployment, run_id: int, arm: str, block: int, seq: int, rate: float | None,
         search_class: str | None, repeat: int = 0, attempt: int = 0,
     ) -> PointOutcome:
-        plan, s = self.plan, self.plan.search
-        seed = point_seed(plan.design.seed, block, rate, repeat, attempt)
-        duration = s.warmup_s + s.point_s + s.cooldown_s
-        if plan.workload.sessions is not None:
-            assert plan.workload.arrival is not None  # sessions start on the open-loop clock
-            starts = open_loop_offsets(plan.workload.arrival, rate, duration, seed)
-            return self._measure_sessions(dep, run_id, arm, seq, rate, search_class, seed, starts)
-        offsets, requests = _data(point_load, plan.workload, rate, duration, seed)
-        requests = fit_point_prompts(plan.workload, requests, dep.endpoint.url, dep.endpoint.model,
-                                     dep.endpoint.headers)  # exact lengths when the plan names a tokenizer
-        phases = point_phases(offsets, s.warmup_s, s.point_s)
+        """One point of the plan's workload kind at ``rate`` (in its unit; ``None``: a closed
+        loop at its users), stored with its records, metrics and guards as it goes."""
+        plan, s, kind = self.plan, self.plan.search, self.kind
+        pt = kind.point(plan, block, rate, repeat, attempt)
+        if pt.offsets is not None:  # exact lengths when the plan names a tokenizer
+            pt.requests = fit_point_prompts(plan.workload, pt.requests, dep.endpoint.url,
+                                            dep.endpoint.model, dep.endpoint.headers)
         started = time.time()
         point_id = self.store.record_point(
             run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
-            offered_rate=rate, n_scheduled=len(requests), valid=False, search_class=search_class,
+            offered_rate=rate, users=pt.users, n_scheduled=pt.n_scheduled, valid=False,
+            search_class=search_class,
         )
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
         settle(self.backend, dep)
         before_t, before = time.time(), scrape_samples(self.backend, dep)
-        shards = self.shards_for(rate)
-        live = watched(sink, self.progress, AttainmentTally(plan.classes, sum(1 for p in phases if p == "measure")))
-        kwargs: dict[str, Any] = dict(api=plan.workload.api, sink=live, request_timeout_s=duration + drain_seconds(plan),
-                                      deadline_s=duration + drain_seconds(plan), keep_records=True,
-                                      headers=dict(dep.endpoint.headers))
+        shards = self.shards_for(rate) if rate is not None else 1
+        send = Send(dep.endpoint.url, dep.endpoint.model, plan.workload.api,
+                    watched(sink, self.progress, AttainmentTally(plan.classes, pt.n_window)),
+                    timeout_s=pt.duration_s + drain_seconds(plan), deadline_s=pt.duration_s + drain_seconds(plan),
+                    keep_records=True, headers=dep.endpoint.headers)
         stops: list[EarlyStop] = []
-        if s.early_stop and search_class is not None and shards == 1 and len(offsets):
+        stop_when = None
+        if (s.early_stop and kind.stoppable and search_class is not None and shards == 1
+                and pt.offsets is not None and pt.phases is not None and len(pt.offsets)):
             # Search points only (a bar's fixed-rate point is measured whole), one process only.
-            kwargs["stop_when"] = self._stop_check(offsets, phases, stops)
             # In-flight requests end as they would at the point's end (the guards judge their
             # streams: cancelling them hid a stalling server); only the unsent rest is saved.
-            kwargs["stop_drain_s"] = drain_seconds(plan)
-        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            if shards > 1:
-                summary = _run_sharded(dep.endpoint.url, dep.endpoint.model, requests, offsets, phases,
-                                       shards, kwargs)
-            else:
-                summary = dep.driver.open_loop(dep.endpoint.url, dep.endpoint.model, requests, offsets,
-                                               phases, **kwargs)
-        loop = {"kind": "open", "shards": shards, "per_shard_ceiling_rps": self.ceiling} if shards > 1 else None
+            stop_when = self._stop_check(pt.offsets, pt.phases, stops)
+        with DuringScraper(self.backend, dep, every_s=max(1.0, pt.duration_s / 8)) as during:
+            summary = kind.run(plan, dep.driver, pt, send, shards=shards, sharded=run_sharded,
+                               stop_when=stop_when, stop_drain_s=drain_seconds(plan))
         early = stops[0] if stops and "stopped_at" in summary.extra else None
-        return self._conclude(dep, run_id, arm, point_id, rate, search_class, requests, summary,
-                              sink, before, before_t, during, started, seed, offered_rate=rate,
-                              loop=loop, shards=shards, early=early)
+        return self._conclude(dep, run_id, arm, point_id, pt, search_class, summary, sink, before,
+                              before_t, during, started, shards=shards, early=early)
 
     def _stop_check(self, offsets: np.ndarray, phases: Sequence[str],
                     stops: list[EarlyStop]) -> Callable[[Sequence[RequestRecord], float], bool]:
@@ -381,81 +299,20 @@ class PointRunner:
     def shards_for(self, rate: float) -> int:
         """Load-generator processes a point at ``rate`` needs: one while one process holds the
         rate (its calibrated ceiling), else enough Ray shards to hold it, up to ``max_shards``."""
-        if self.ceiling is None or self.max_shards <= 1 or self.plan.workload.sessions is not None:
+        if self.ceiling is None or self.max_shards <= 1 or not self.kind.shardable:
             return 1
         return shards_needed(rate, self.ceiling, self.max_shards)
 
-    def _measure_sessions(self, dep: Deployment, run_id: int, arm: str, seq: int, rate: float,
-                          search_class: str | None, seed: int, starts: np.ndarray) -> PointOutcome:
-        """An open-loop point of live sessions: ``rate`` starts sessions per second; later turns
-        follow the replies, so the requests are known only as they are sent."""
+    def _conclude(self, dep: Deployment, run_id: int, arm: str, point_id: int, pt: LoadPoint,
+                  search_class: str | None, summary: PointSummary, sink: SpoolingSink,
+                  before: list[Sample], before_t: float, during: DuringScraper, started: float,
+                  shards: int = 1, early: EarlyStop | None = None) -> PointOutcome:
+        """Metrics, guards and storage of a point that has run (of any kind)."""
         plan, s = self.plan, self.plan.search
-        duration = s.warmup_s + s.point_s + s.cooldown_s
-        started = time.time()
-        point_id = self.store.record_point(
-            run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
-            offered_rate=rate, n_scheduled=None, valid=False, search_class=search_class,
-        )
-        sink = SpoolingSink(self.store, point_id, self.spool_dir)
-        sent: list[RequestSpec] = []
-        settle(self.backend, dep)
-        before_t, before = time.time(), scrape_samples(self.backend, dep)
-        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            summary = dep.driver.sessions(
-                dep.endpoint.url, dep.endpoint.model, plan.workload, starts, seed=seed,
-                duration_s=duration, warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
-                sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
-                request_timeout_s=duration + drain_seconds(plan),
-                deadline_s=duration + drain_seconds(plan), keep_records=True,
-                headers=dict(dep.endpoint.headers), sent=sent,
-            )
-        sent.sort(key=lambda spec: spec.request_id)
-        return self._conclude(dep, run_id, arm, point_id, rate, search_class, sent, summary, sink,
-                              before, before_t, during, started, seed, offered_rate=None,
-                              loop={"kind": "sessions", "sessions_per_s": rate})
-
-    def measure_closed(self, dep: Deployment, run_id: int, arm: str, block: int, seq: int,
-                       attempt: int = 0) -> PointOutcome:
-        """One closed-loop point at the plan's N users: no offered rate (the server's pace sets
-        the rate), every request its users sent recorded; judged like an open-loop point, its
-        throughput and goodput are "at N users", never a capacity (DESIGN 7)."""
-        plan, s = self.plan, self.plan.search
-        closed = plan.workload.closed
-        assert closed is not None
-        seed = point_seed(plan.design.seed, block, -float(closed.users), 0, attempt)
-        duration = s.warmup_s + s.point_s + s.cooldown_s
-        started = time.time()
-        point_id = self.store.record_point(
-            run_id, seq=seq, window_start_s=s.warmup_s, window_end_s=s.warmup_s + s.point_s,
-            offered_rate=None, users=closed.users, n_scheduled=None, valid=False, search_class=None,
-        )
-        sink = SpoolingSink(self.store, point_id, self.spool_dir)
-        taken: list[RequestSpec] = []  # the requests the users actually took, for the guards
-
-        settle(self.backend, dep)
-        before_t, before = time.time(), scrape_samples(self.backend, dep)
-        with DuringScraper(self.backend, dep, every_s=max(1.0, duration / 8)) as during:
-            summary = dep.driver.closed_loop(
-                dep.endpoint.url, dep.endpoint.model, _taking(_data(requests_iter, plan.workload, seed), taken),
-                users=closed.users,
-                think_s=closed.think_s, ramp_up_s=closed.ramp_up_s, duration_s=duration,
-                warmup_s=s.warmup_s, measure_s=s.point_s, api=plan.workload.api,
-                sink=watched(sink, self.progress, AttainmentTally(plan.classes)),
-                request_timeout_s=drain_seconds(plan) + duration, deadline_s=duration + drain_seconds(plan),
-                keep_records=True, headers=dict(dep.endpoint.headers),
-            )
-        return self._conclude(dep, run_id, arm, point_id, 0.0, None, taken, summary, sink, before,
-                              before_t, during, started, seed, offered_rate=None,
-                              loop={"kind": "closed", "users": closed.users})
-
-    def _conclude(self, dep: Deployment, run_id: int, arm: str, point_id: int, rate: float,
-                  search_class: str | None, requests: Sequence[RequestSpec], summary: PointSummary,
-                  sink: SpoolingSink, before: list[Sample], before_t: float, during: DuringScraper,
-                  started: float, seed: int, offered_rate: float | None,
-                  loop: dict[str, Any] | None = None, shards: int = 1,
-                  early: EarlyStop | None = None) -> PointOutcome:
-        """Metrics, guards and storage of a point that has run (open or closed loop)."""
-        plan, s = self.plan, self.plan.search
+        requests, seed = pt.requests, pt.seed
+        # A schedule's rate is offered whatever the server does; sessions and users are paced by it.
+        offered_rate = pt.rate if pt.offsets is not None else None
+        loop = self.kind.loop_doc(pt, shards, self.ceiling)
         after_t, after = time.time(), scrape_samples(self.backend, dep)
         records = summary.records or []
         window_s = s.point_s
@@ -475,7 +332,7 @@ class PointRunner:
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
             n_scheduled=n_measured, window_s=window_s,
-            expected_prefix_hit_rate=self._ideal_hit_rate(requests),
+            expected_prefix_hit_rate=self.kind.ideal_hit_rate(requests, self.seen_blocks),
             server_prefix_hit_rate=hit,
             # N shards each hold the one-process ceiling; the guard judges the merged schedule.
             generator_ceiling_rate=None if self.ceiling is None else self.ceiling * shards,
@@ -485,10 +342,9 @@ class PointRunner:
             sim_lateness_p99_s=sim_lateness_p99(before, after),
             access_path_p99_s=access_path_p99(dep),
         )
-        source = plan.workload.source
         guards = [*run_guards(judged, plan.guards, context), prompt_length(
             judged, plan.guards, not_asked="a prompts file's own text asks for no length"
-            if source is not None and source.kind == "prompts" else None)]
+            if plan.workload.kind == "dataset" else None)]
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
         doc: dict[str, Any] = metrics.to_dict()  # per_class: class -> figures (a JSON mapping)
         context_doc: dict[str, Any] = {
@@ -516,4 +372,4 @@ class PointRunner:
         samples = [(t, x.name, x.labels, x.value) for t, snap in snapshots for x in snap
                    if x.name.startswith(engine_for().metrics.prefix)]
         self.store.record_metric_samples(run_id, point_id, samples)
-        return PointOutcome(point_id, rate, metrics, guards, hit, records, sink.stored, not flushed, early)
+        return PointOutcome(point_id, pt.rate or 0.0, metrics, guards, hit, records, sink.stored, not flushed, early)

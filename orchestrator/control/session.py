@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from platformdirs import user_data_dir
 
 from orchestrator import __version__
 from orchestrator.backends.base import Backend
 from orchestrator.control.executor import Executor, ExecutorConfig, ExperimentOutcome
 from orchestrator.control.progress import ProgressSink, progress_for_terminal
 from orchestrator.errors import EnvironmentProblem, UserError
+from orchestrator.paths import data_root
 from orchestrator.plan import Plan
 
 CALIBRATION_MAX_AGE_S = 24 * 3600
@@ -23,12 +23,53 @@ CALIBRATION_MAX_AGE_S = 24 * 3600
 
 def state_dir() -> Path:
     """Run state (process files, logs, spool): ORCH_STATE_DIR or the user's data directory."""
-    path = Path(os.environ.get("ORCH_STATE_DIR") or Path(user_data_dir("orchestrator")) / "state")
+    path = Path(os.environ.get("ORCH_STATE_DIR") or data_root() / "state")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-BACKENDS = ("sim", "virtual", "local", "kubernetes", "external")
+def _sim(root: Path) -> Backend:
+    from orchestrator.backends.sim import SimBackend
+
+    return SimBackend(root / "sim")
+
+
+def _virtual(root: Path) -> Backend:
+    from orchestrator.backends.virtual import VirtualBackend
+
+    return VirtualBackend()
+
+
+def _local(root: Path) -> Backend:
+    try:
+        from orchestrator.backends.local import LocalBackend
+    except ImportError as e:  # pragma: no cover - depends on the optional vLLM set-up
+        raise EnvironmentProblem(f"the local backend cannot load: {e}") from e
+    return LocalBackend(root / "local")
+
+
+def _kubernetes(root: Path) -> Backend:
+    from orchestrator.backends.kubernetes import KubernetesBackend
+
+    return KubernetesBackend.from_environment()
+
+
+def _external(root: Path) -> Backend:
+    from orchestrator.backends.external import ExternalBackend
+
+    return ExternalBackend()
+
+
+# Every backend by the name a plan (or --backend) gives it: a factory taking the state root.
+# Each imports its backend when called, so `orch --help` loads none of them.
+BACKEND_FACTORIES: dict[str, Callable[[Path], Backend]] = {
+    "sim": _sim,
+    "virtual": _virtual,
+    "local": _local,
+    "kubernetes": _kubernetes,
+    "external": _external,
+}
+BACKENDS: tuple[str, ...] = tuple(BACKEND_FACTORIES)
 # Backends whose arms run on the plan's GPU type, where the simulator's prediction is a fair
 # prior for the capacity search (the local backend may run vLLM's CPU build; external arms
 # run on hardware the plan only describes).
@@ -38,29 +79,10 @@ PRIOR_BACKENDS = ("sim", "virtual", "kubernetes")
 def make_backend(name: str, root: Path) -> Backend:
     """The backend a plan (or --backend) names, as every entry point builds it. Backends log
     through their modules' loggers (``orchestrator.logs``: the run's context on each record)."""
-    if name == "sim":
-        from orchestrator.backends.sim import SimBackend
-
-        return SimBackend(root / "sim")
-    if name == "virtual":
-        from orchestrator.backends.virtual import VirtualBackend
-
-        return VirtualBackend()
-    if name == "local":
-        try:
-            from orchestrator.backends.local import LocalBackend
-        except ImportError as e:  # pragma: no cover - depends on the optional vLLM set-up
-            raise EnvironmentProblem(f"the local backend cannot load: {e}") from e
-        return LocalBackend(root / "local")
-    if name == "kubernetes":
-        from orchestrator.backends.kubernetes import KubernetesBackend
-
-        return KubernetesBackend.from_environment()
-    if name == "external":
-        from orchestrator.backends.external import ExternalBackend
-
-        return ExternalBackend()
-    raise UserError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
+    factory = BACKEND_FACTORIES.get(name)
+    if factory is None:
+        raise UserError(f"unknown backend {name!r}: {', '.join(BACKENDS)}")
+    return factory(root)
 
 
 def choose_backend(plan: Plan, backend: str | None) -> str:

@@ -133,6 +133,15 @@ class _StreamState:
             rec.status = "disconnect"
             rec.error = rec.error or "stream ended before [DONE]"
 
+    def http_error(self, text: str, reason: str | None) -> None:
+        """The server answered with an error status: its body (else the reason) is the error."""
+        self.rec.status, self.rec.error = "http_error", text[:ERROR_TEXT_MAX] or reason
+
+    def broken(self, e: BaseException) -> None:
+        """The connection failed mid-request: what arrived is kept, the exception is the error."""
+        self.finish()
+        self.rec.status, self.rec.error = "disconnect", f"{type(e).__name__}: {e}"[:ERROR_TEXT_MAX]
+
 
 class StreamingClient(Protocol):
     """What the runner needs from a transport."""
@@ -154,6 +163,13 @@ class _Base:
         self.model, self.api, self.clock = model, api, clock
         self.chat = api == "chat"
         self.max_connections = max_connections
+
+    def _begin(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None) -> tuple[bytes, _StreamState]:
+        """The request's body and the state its stream fills; the record is sent now."""
+        body = request_body(spec, self.model, self.api)
+        st = _StreamState(rec, self.clock, self.chat, text)
+        rec.sent_s = self.clock.now()
+        return body, st
 
 
 class AiohttpClient(_Base):
@@ -186,23 +202,19 @@ class AiohttpClient(_Base):
         await asyncio.gather(*(one() for _ in range(connections)))
 
     async def stream(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None:
-        body = request_body(spec, self.model, self.api)
-        st = _StreamState(rec, self.clock, self.chat, text)
-        rec.sent_s = self.clock.now()
+        body, st = self._begin(spec, rec, text)
         try:
             async with self._session().post(
                 self.url, data=body, headers=self.headers
             ) as resp:
                 rec.http_status = resp.status
                 if resp.status != 200:
-                    rec.status = "http_error"
-                    rec.error = (await resp.text(errors="replace"))[:ERROR_TEXT_MAX] or resp.reason
+                    st.http_error(await resp.text(errors="replace"), resp.reason)
                     return
                 async for data in resp.content.iter_any():
                     st.feed(data)
         except (aiohttp.ClientError, ConnectionError) as e:
-            st.finish()
-            rec.status, rec.error = "disconnect", f"{type(e).__name__}: {e}"[:ERROR_TEXT_MAX]
+            st.broken(e)
             return
         st.finish()
 
@@ -231,24 +243,19 @@ class HttpxClient(_Base):
         await asyncio.gather(*(one() for _ in range(connections)))
 
     async def stream(self, spec: RequestSpec, rec: RequestRecord, text: list[str] | None = None) -> None:
-        body = request_body(spec, self.model, self.api)
-        st = _StreamState(rec, self.clock, self.chat, text)
-        rec.sent_s = self.clock.now()
+        body, st = self._begin(spec, rec, text)
         try:
             async with self.client.stream(
                 "POST", self.url, content=body, headers=self.headers
             ) as resp:
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
-                    rec.status = "http_error"
-                    body_text = (await resp.aread()).decode(errors="replace")
-                    rec.error = body_text[:ERROR_TEXT_MAX] or resp.reason_phrase
+                    st.http_error((await resp.aread()).decode(errors="replace"), resp.reason_phrase)
                     return
                 async for data in resp.aiter_raw():
                     st.feed(data)
         except (httpx.TransportError, ConnectionError) as e:
-            st.finish()
-            rec.status, rec.error = "disconnect", f"{type(e).__name__}: {e}"[:ERROR_TEXT_MAX]
+            st.broken(e)
             return
         st.finish()
 

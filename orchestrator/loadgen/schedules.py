@@ -1,7 +1,7 @@
 """Arrival schedules: absolute send times drawn from a seed (pure).
 
 An open-loop point is a fixed list of send offsets (seconds from the point's start), generated
-up front so it can be hashed, stored and replayed exactly; the runner sleeps *to* each offset
+up front so it can be stored and replayed exactly; the runner sleeps *to* each offset
 rather than by accumulated intervals, so one late send never shifts the ones after it.
 A different block gets a different seed (``derive_seed``); the two arms of a block may share
 one so they face the same arrivals.
@@ -16,11 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrator.plan.workload import OpenLoop, ThinkTime
-from orchestrator.records import Phase
-
-WARMUP: Phase = "warmup"
-MEASURE: Phase = "measure"
-COOLDOWN: Phase = "cooldown"
+from orchestrator.records import COOLDOWN, MEASURE, WARMUP
 
 
 def derive_seed(seed: int, *parts: object) -> int:
@@ -75,12 +71,6 @@ def think_time(think: ThinkTime, seed: int, session: int, turn: int) -> float:
     return float(rng.uniform(think.mean_s * (1 - think.sigma), think.mean_s * (1 + think.sigma)))
 
 
-def schedule_hash(offsets: Sequence[float] | np.ndarray) -> str:
-    """sha256 of the offsets (float64, microsecond-rounded) so a stored schedule is checkable."""
-    arr = np.round(np.asarray(offsets, dtype=np.float64), 6)
-    return hashlib.sha256(arr.tobytes()).hexdigest()
-
-
 def point_phases(offsets: Sequence[float] | np.ndarray, warmup_s: float, measure_s: float) -> list[str]:
     """Phase of each scheduled send: warm-up before ``warmup_s``, measured in the window of
     ``measure_s`` after it, cool-down after that. Every request is recorded; only ``measure``
@@ -102,7 +92,7 @@ def phase_at(offset: float, warmup_s: float, measure_s: float) -> str:
 
 def shards_needed(rate: float, ceiling_rate: float, max_shards: int) -> int:
     """Generator processes that hold ``rate`` when one holds ``ceiling_rate``, at most
-    ``max_shards`` (pure twin of ``shards.shards_for``, which needs Ray to import)."""
+    ``max_shards`` (here, not in ``loadgen.shards``, which needs Ray to import)."""
     if ceiling_rate <= 0 or max_shards <= 1:
         return 1
     return max(1, min(max_shards, math.ceil(rate / ceiling_rate)))

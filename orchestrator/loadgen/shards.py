@@ -11,7 +11,6 @@ caller (the controller owns the cluster connection).
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -47,13 +46,6 @@ class LoadShard:
     async def drain(self) -> list[RequestRecord]:
         out, self.buffer = self.buffer, []
         return out
-
-
-def shards_for(rate: float, ceiling_rate: float, cores: int) -> int:
-    """Shards needed so each stays under the calibrated one-process ceiling, at most ``cores``."""
-    if ceiling_rate <= 0:
-        return 1
-    return max(1, min(cores, math.ceil(rate / ceiling_rate)))
 
 
 def run_point_sharded(

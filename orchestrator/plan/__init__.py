@@ -30,13 +30,22 @@ from orchestrator.plan.loading import (
     plan_hash,
     validate_plan,
 )
-from orchestrator.plan.workload import ClosedLoop, LengthDist, OpenLoop, PromptSpec, Workload
+from orchestrator.plan.workload import (
+    RATE_UNITS,
+    ClosedLoop,
+    LengthDist,
+    OpenLoop,
+    PromptSpec,
+    Workload,
+    WorkloadKind,
+    kind_of_doc,
+)
 
 __all__ = [
-    "GPUS", "MODELS", "SERVICE_CLASSES", "Arm", "ArmLabels", "Bar", "ClosedLoop", "Design", "EngineConfig",
+    "GPUS", "MODELS", "RATE_UNITS", "SERVICE_CLASSES", "Arm", "ArmLabels", "Bar", "ClosedLoop", "Design", "EngineConfig",
     "ExternalEndpoint", "GPUSpec", "GuardThresholds", "HeaderFromEnv", "LengthDist", "ModelSpec", "OpenLoop", "Plan", "PoolSpec",
     "PromptSpec", "RouterConfig", "SearchSettings", "ServiceClass", "SimSettings",
-    "SpeculativeConfig", "Workload", "canonical_gpu", "canonical_json", "gpu", "json_schema",
-    "load_plan_file", "load_plan_text", "plan_from_canonical", "plan_hash", "plan_warnings",
+    "SpeculativeConfig", "Workload", "WorkloadKind", "canonical_gpu", "canonical_json", "gpu", "json_schema",
+    "kind_of_doc", "load_plan_file", "load_plan_text", "plan_from_canonical", "plan_hash", "plan_warnings",
     "validate_plan",
 ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -27,3 +30,14 @@ class CrossFieldError(ValueError):
     def __init__(self, problems: list[tuple[str, str]]):
         self.problems = problems
         super().__init__("; ".join(f"{p}: {m}" if p else m for p, m in problems))
+
+
+def omit_while(dump: Any, values: Mapping[str, Any]) -> Any:
+    """``dump`` (a model's serialized dict) less each key of ``values`` that holds its value
+    there: how a field added after plans were registered stays out of the canonical JSON while
+    it is at its default, so every earlier plan keeps its hash (for a model_serializer)."""
+    if isinstance(dump, dict):
+        for key, value in values.items():
+            if key in dump and dump[key] == value:
+                del dump[key]
+    return dump

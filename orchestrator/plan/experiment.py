@@ -4,7 +4,7 @@ bars, guards."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BeforeValidator,
@@ -17,7 +17,7 @@ from pydantic import (
 
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.arms import Arm, RouterConfig
-from orchestrator.plan.base import CrossFieldError, StrictModel
+from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
 from orchestrator.plan.kubernetes import KubernetesSettings
 from orchestrator.plan.workload import Workload
@@ -54,6 +54,9 @@ ClassRef = Annotated[
     ServiceClass, BeforeValidator(_resolve_class, json_schema_input_type=ClassName | ServiceClass)
 ]
 Backend = Literal["sim", "virtual", "local", "kubernetes", "external"]
+# Which way a bar's ratio must lie from its threshold (``Bar.direction``; analysis.stats judges it).
+Direction = Literal["at_least", "at_most"]
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
 
 # Arms are named by consecutive capital letters from A (A conventionally the baseline); two
 # arms (A and B) is the simple case, every arm runs once in every block.
@@ -111,12 +114,8 @@ class SearchSettings(StrictModel):
 
     @model_serializer(mode="wrap")
     def _omit_default_early_stop(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Added after plans were registered: left out at its default, so every earlier plan
-        # keeps its canonical JSON and hash (a plan that turns it on says so and hashes apart).
-        out = handler(self)
-        if isinstance(out, dict) and out.get("early_stop") is False:
-            out.pop("early_stop")
-        return out
+        # Added after plans were registered (a plan that turns it on hashes apart).
+        return omit_while(handler(self), {"early_stop": False})
 
 
 class Design(StrictModel):
@@ -193,7 +192,7 @@ class Bar(StrictModel):
         return self.at_least if self.at_least is not None else float(self.at_most or 0)
 
     @property
-    def direction(self) -> Literal["at_least", "at_most"]:
+    def direction(self) -> Direction:
         """``at_least`` (the numerator must be this much better) or ``at_most`` (regression gate)."""
         return "at_least" if self.at_least is not None else "at_most"
 
@@ -252,12 +251,8 @@ class GuardThresholds(StrictModel):
 
     @model_serializer(mode="wrap")
     def _omit_default_prompt_length(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Added after plans were registered: left out at its default, so every earlier plan
-        # keeps its canonical JSON and hash (a plan that sets another tolerance hashes apart).
-        out = handler(self)
-        if isinstance(out, dict) and out.get("prompt_length_tolerance") == PROMPT_LENGTH_TOLERANCE:
-            out.pop("prompt_length_tolerance")
-        return out
+        # Added after plans were registered (a plan that sets another tolerance hashes apart).
+        return omit_while(handler(self), {"prompt_length_tolerance": PROMPT_LENGTH_TOLERANCE})
 
 
 class SimSettings(StrictModel):

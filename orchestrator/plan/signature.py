@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field
 
 from orchestrator.plan.base import StrictModel
-from orchestrator.plan.workload import Workload
+from orchestrator.plan.workload import Workload, kind_of_doc
 
 
 class WorkloadSignature(StrictModel):
@@ -82,10 +82,10 @@ def summary_values(doc: dict[str, Any]) -> dict[str, Any]:
     out = _num(doc.get("output_tokens"))
     prefix = _num(prompts.get("shared_prefix"))
     turns = _num(prompts.get("turns"))
-    closed = doc.get("closed") if isinstance(doc.get("closed"), dict) else None
+    wkind = kind_of_doc(doc)
     arrival_doc = _dict(doc.get("arrival"))
-    if closed is not None:
-        arrival = f"closed({_dict(closed).get('users')} users)"
+    if wkind == "closed":
+        arrival = f"closed({_dict(doc.get('closed')).get('users')} users)"
     else:
         arrival = str(arrival_doc.get("process", "poisson"))
         burst = _num(arrival_doc.get("burstiness"))
@@ -103,7 +103,7 @@ def summary_values(doc: dict[str, Any]) -> dict[str, Any]:
         parts.append(f"prefix {_g(prefix)}")
     if turns and turns > 1:
         parts.append(f"{_g(turns)} turns")
-    parts.append(arrival + (" sessions" if isinstance(doc.get("sessions"), dict) else ""))
+    parts.append(arrival + (" sessions" if wkind == "sessions" else ""))
     kind = doc.get("kind")
     if isinstance(kind, str) and kind:
         parts.insert(0, kind)

@@ -11,6 +11,35 @@ from orchestrator.plan.sources import DataFileError, DataSource, file_sha256, so
 
 OPTIONAL_LATER_FIELDS = ("sessions", "source", "output_dist", "tokenizer")
 
+# The workload's kind: which of its mutually exclusive fields is given decides it (the plan
+# language keeps those fields, so every registered plan keeps its hash); code asks the kind,
+# never the fields (``orchestrator.control.load_kinds`` has one implementation per kind).
+WorkloadKind = Literal["open", "closed", "sessions", "dataset", "trace"]
+# What a point's rate counts, per kind (a closed loop has users, not a rate).
+RATE_UNITS: dict[WorkloadKind, str] = {
+    "open": "req/s", "dataset": "req/s", "trace": "req/s", "sessions": "sessions/s", "closed": "users",
+}
+
+
+def kind_of(closed: bool, sessions: bool, source_kind: str | None) -> WorkloadKind:
+    """The kind of a workload from which of its fields are given (a model's or a stored doc's)."""
+    if closed:
+        return "closed"
+    if sessions:
+        return "sessions"
+    if source_kind is not None:
+        return "trace" if source_kind == "trace" else "dataset"
+    return "open"
+
+
+def kind_of_doc(doc: Any) -> WorkloadKind:
+    """The kind of a stored plan's workload section (its canonical JSON, read back)."""
+    if not isinstance(doc, dict):
+        return "open"
+    src = doc.get("source")
+    return kind_of(isinstance(doc.get("closed"), dict), isinstance(doc.get("sessions"), dict),
+                   str(src.get("kind")) if isinstance(src, dict) else None)
+
 
 class LengthDist(StrictModel):
     """A distribution of token counts (prompt lengths)."""
@@ -222,9 +251,19 @@ class Workload(StrictModel):
         return out
 
     @property
+    def kind(self) -> WorkloadKind:
+        """Which kind of load this is (``WorkloadKind``); not serialized (the hash keeps its fields)."""
+        return kind_of(self.closed is not None, self.sessions is not None,
+                       self.source.kind if self.source is not None else None)
+
+    @property
+    def rate_unit(self) -> str:
+        return RATE_UNITS[self.kind]
+
+    @property
     def open_loop(self) -> bool:
         """True when requests arrive on a clock (the only kind capacity may come from)."""
-        return self.closed is None
+        return self.kind != "closed"
 
     def mean_context_tokens(self) -> float:
         """Mean tokens a sequence holds at the end of its reply, averaged over turns."""

@@ -29,12 +29,11 @@ from orchestrator import __version__
 from orchestrator.engines import Role, ServeTarget, engine_for
 from orchestrator.plan import GPUS, Plan
 from orchestrator.plan.workload import LengthDist
-from orchestrator.records import RequestRecord
+from orchestrator.records import ERROR_OR_TIMEOUT_STATUSES, RequestRecord
 from orchestrator.report import llmd_schema as br
 from orchestrator.report.data import ExperimentData
 from orchestrator.store import RunInfo, config_columns
 
-ERRORS = ("http_error", "disconnect", "timeout")
 DIST: dict[str, Literal["fixed", "gaussian", "random", "other"]] = {
     "fixed": "fixed", "normal": "gaussian", "uniform": "random", "lognormal": "other"}
 # Arm.pools() role -> the format's engine role.
@@ -158,7 +157,7 @@ def request_performance(records: list[RequestRecord], n_scheduled: int, window_s
     """Aggregates over the point's measured requests (phase measure)."""
     recs = [r for r in records if r.phase == "measure"]
     fin = [r for r in recs if r.finished]
-    failures = sum(1 for r in recs if r.status in ERRORS)
+    failures = sum(1 for r in recs if r.status in ERROR_OR_TIMEOUT_STATUSES)
     total = max(n_scheduled, len(recs))
     w = window_s if window_s > 0 else 1.0
     out_tokens = sum(r.output_tokens or 0 for r in fin)

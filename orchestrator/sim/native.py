@@ -27,21 +27,13 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
+from orchestrator.paths import cache_root
+
 PACKAGE = "orchestrator.sim.engine"
 MODULES = ("cache", "chains", "routing", "worker", "virtual")
 RECIPE = "1"  # bump when the build's recipe changes (flags, module set)
 _ENGINE_DIR = Path(__file__).resolve().parent / "engine"
 _EXT = str(sysconfig.get_config_var("EXT_SUFFIX") or ".so")
-
-
-def cache_root() -> Path:
-    """The per-user cache (``ORCH_CACHE_DIR`` overrides)."""
-    env = os.environ.get("ORCH_CACHE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("orchestrator"))
 
 
 def build_key(engine_dir: Path = _ENGINE_DIR) -> str:

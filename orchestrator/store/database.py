@@ -21,11 +21,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from platformdirs import user_data_dir
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from orchestrator.errors import EnvironmentProblem, UserError
+from orchestrator.paths import data_root
 
 ENV_VAR = "ORCH_DATABASE_URL"
 def _migrations_dir() -> Path:
@@ -43,7 +43,7 @@ def default_url() -> str:
     url = os.environ.get(ENV_VAR, "").strip()
     if url:
         return url
-    return f"sqlite:///{Path(user_data_dir('orchestrator')) / 'orchestrator.sqlite'}"
+    return f"sqlite:///{data_root() / 'orchestrator.sqlite'}"
 
 
 def _normalise(url: str) -> str:

@@ -29,7 +29,7 @@ from orchestrator.store.models import (
     Run,
     WorkloadSignatureRow,
 )
-from orchestrator.store.summaries import point_estimate
+from orchestrator.store.summaries import GROUP_KEYS, point_estimate
 from orchestrator.store.types import utcnow
 
 CONFIG_COLUMNS = (
@@ -38,7 +38,7 @@ CONFIG_COLUMNS = (
 )
 STAT_COLUMNS = ("runs", "median", "p25", "p75", "min", "max", "spread", "last_measured")
 # The comparable-history keys beside configuration and class (store.keys; DESIGN section 7).
-KEY_COLUMNS = ("ttft_ms", "tpot_ms", "workload_sha256", "backend", "simulated")
+KEY_COLUMNS = GROUP_KEYS
 WORKLOAD_COLUMNS = ("workload", "input_mean", "output_tokens")
 BY_CONFIG_COLUMNS = ("config_id", *CONFIG_COLUMNS, "class", *KEY_COLUMNS, *WORKLOAD_COLUMNS, *STAT_COLUMNS)
 # Filters on the keys (and the workload's readable values), and on the observed fingerprint

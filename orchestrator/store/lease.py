@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
-import socket
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,10 +34,6 @@ class LeaseHeld(EnvironmentProblem):
 
 class LeaseLost(EnvironmentProblem):
     """This controller no longer owns the experiment: its writes are refused."""
-
-
-def default_session() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class ExperimentLease:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.errors import EnvironmentProblem, UserError
+from orchestrator.outcomes import CENSORING, VERDICTS
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
 from orchestrator.store import database, summaries
@@ -43,11 +44,9 @@ from orchestrator.store.models import (
     Run,
 )
 from orchestrator.store.rows import (
-    CENSORING,
     EXPERIMENT_STATUSES,
     RUN_STATUSES,
     TERMINAL_STATUSES,
-    VERDICTS,
     ExperimentInfo,
     GuardRecord,
     Registration,
@@ -194,11 +193,6 @@ class Store(HistoryQueries):
         """The registered plan, rebuilt from its canonical JSON."""
         reg = registration if isinstance(registration, Registration) else self.get_registration(registration)
         return plan_from_canonical(reg.canonical_json)
-
-    def list_registrations(self) -> list[Registration]:
-        with self._sessions() as s:
-            rows = s.scalars(sa.select(PlanRegistration).order_by(PlanRegistration.id.desc()))
-            return [_registration(r) for r in rows]
 
     # -- experiments ------------------------------------------------------------------------
 

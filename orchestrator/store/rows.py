@@ -14,9 +14,6 @@ from orchestrator.plan import Plan
 EXPERIMENT_STATUSES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL_STATUSES = ("done", "failed", "cancelled")
 RUN_STATUSES = ("running", "done", "failed", "aborted")
-VERDICTS = ("ACCEPT", "REJECT", "INCONCLUSIVE")
-# A capacity's censoring (analysis.stats.CENSORING; the column's check constraint).
-CENSORING = ("below_min", "above_max", "at_ceiling")
 
 
 @dataclass(frozen=True, slots=True)

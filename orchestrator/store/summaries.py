@@ -42,9 +42,10 @@ def _stats(values: list[float], stamps: list[datetime | None]) -> dict[str, obje
     }
 
 
-# The comparable-group key of a summary (beyond config_id and class_name); an unknown key is
-# stored as '' or 0 there (primary-key columns cannot be NULL).
-GROUP_KEYS = ("workload_sha256", "ttft_ms", "tpot_ms", "backend", "simulated")
+# The comparable-group key of a summary (beyond config_id and class_name; store.keys; in the
+# order history's tables show them: store.history.KEY_COLUMNS); an unknown key is stored as ''
+# or 0 there (primary-key columns cannot be NULL).
+GROUP_KEYS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "workload_sha256", "backend", "simulated")
 _UNKNOWN: dict[str, object] = {"workload_sha256": "", "ttft_ms": 0.0, "tpot_ms": 0.0, "backend": "",
                                "simulated": False}
 

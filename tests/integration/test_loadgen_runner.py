@@ -74,13 +74,18 @@ def test_records_carry_usage_chunks_and_exact_prompt_tokens(fast_server, client)
 
 def test_server_counts_the_same_prompt_tokens_as_the_workload():
     # The null server reports usage.prompt_tokens = words; /metrics sums them.
-    from orchestrator.loadgen.scrape import scrape
+    from orchestrator.backends.http import scrape_urls
+    from orchestrator.loadgen.scrape import parse_metrics
+
+    def scrape(url: str) -> dict[str, float]:
+        metrics = url.rstrip("/") + "/metrics"
+        return {x.name: x.value for x in parse_metrics(scrape_urls([metrics])[metrics])}
 
     reqs = build_requests(_workload(api="chat", turns=3), 30, seed=4)
     with NullServerProcess() as url:
-        before = {x.name: x.value for x in asyncio.run(scrape(url))}
+        before = scrape(url)
         s = asyncio.run(run_point(url, "null", reqs, _even(30, 0.005), ["measure"] * 30, api="chat"))
-        after = {x.name: x.value for x in asyncio.run(scrape(url))}
+        after = scrape(url)
     assert s.by_status["ok"] == 30
     got = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
     assert got == sum(r.prompt_tokens for r in reqs)
@@ -112,7 +117,7 @@ def test_slowed_client_is_detected_as_lag(fast_server):
     assert s.send_lag_max_s >= 0.03 and s.send_lag_p99_s >= 0.03
     assert (lags > 0.02).sum() >= 5
     for r in s.records:  # TTFT is from the scheduled time: the lag is inside it
-        assert r.ttft_s == pytest.approx(r.ttft_from_send_s + r.send_lag_s, abs=2e-6)
+        assert r.ttft_s == pytest.approx((r.first_token_s - r.sent_s) + r.send_lag_s, abs=2e-6)
         assert r.scheduled_s == pytest.approx(s.started_at + offsets[r.request_id], abs=2e-6)
 
 

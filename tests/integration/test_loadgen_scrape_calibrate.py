@@ -1,19 +1,12 @@
-"""Prometheus scraping of the target and the generator's self-calibration (CLI included)."""
+"""Prometheus text parsing and the generator's self-calibration (CLI included)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-
-import numpy as np
 
 from orchestrator.cli.main import main as orch
 from orchestrator.loadgen.calibrate import calibrate
-from orchestrator.loadgen.null_server import NullServerProcess
-from orchestrator.loadgen.runner import run_point
-from orchestrator.loadgen.scrape import PeriodicScraper, parse_metrics
-from orchestrator.loadgen.workloads import build_requests
-from orchestrator.plan import Workload
+from orchestrator.loadgen.scrape import parse_metrics
 
 TEXT = """# HELP vllm:num_requests_running Number of requests.
 # TYPE vllm:num_requests_running gauge
@@ -33,36 +26,6 @@ def test_parse_metrics_gives_samples_with_labels():
     assert byname[("vllm:num_requests_running", None)].labels == {"model_name": "m"}
     assert byname[("vllm:time_to_first_token_seconds_bucket", "+Inf")].value == 5.0
     assert byname[("vllm:time_to_first_token_seconds_count", None)].value == 5.0
-
-
-def test_periodic_scraper_brackets_the_point():
-    wl = Workload.model_validate({"prompts": {"input_tokens": {"mean": 20}}, "output_tokens": 8})
-    reqs = build_requests(wl, 40, seed=1)
-
-    async def go(url):
-        async with PeriodicScraper(url, every_s=0.2) as s:
-            await run_point(url, "null", reqs, np.arange(40) * 0.02, ["measure"] * 40)
-        return s
-
-    with NullServerProcess() as url:
-        s = asyncio.run(go(url))
-    whens = [x.when for x in s.snapshots]
-    assert whens[0] == "before" and whens[-1] == "after" and "during" in whens
-    value = {x.when: {y.name: y.value for y in x.samples} for x in s.snapshots}
-    assert value["before"]["vllm:request_success_total"] == 0
-    assert value["after"]["vllm:request_success_total"] == 40
-    assert value["after"]["vllm:generation_tokens_total"] == 320
-
-
-def test_scraper_keeps_a_failed_scrape_as_evidence():
-    async def go():
-        async with PeriodicScraper("http://127.0.0.1:9", every_s=0, timeout_s=1) as s:
-            pass
-        return s
-
-    s = asyncio.run(go())
-    assert [x.when for x in s.snapshots] == ["before", "after"]
-    assert all(x.error and not x.samples for x in s.snapshots)
 
 
 def test_calibration_reports_steps_and_a_ceiling_consistent_with_them():

@@ -12,7 +12,7 @@ from orchestrator.errors import EnvironmentProblem
 from orchestrator.loadgen.null_server import NullServerProcess
 from orchestrator.loadgen.runner import run_point
 from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
-from orchestrator.loadgen.shards import run_point_sharded, shards_for
+from orchestrator.loadgen.shards import run_point_sharded
 from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan import OpenLoop, Workload
 
@@ -51,12 +51,6 @@ def test_shards_merge_to_the_records_of_one_process(ray_local):
     sched = np.array(sorted(r.scheduled_s for r in two.records)) - two.started_at
     assert np.allclose(sched, offsets, rtol=0, atol=2e-6)
     assert two.by_status["ok"] == n
-
-
-def test_shard_count_follows_the_calibrated_ceiling():
-    assert shards_for(100, 400, cores=8) == 1
-    assert shards_for(1000, 400, cores=8) == 3
-    assert shards_for(10000, 400, cores=8) == 8
 
 
 def test_sharding_without_ray_is_an_environment_problem(monkeypatch):

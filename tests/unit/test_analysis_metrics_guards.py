@@ -19,7 +19,6 @@ from orchestrator.analysis.guards import (
     generator_rate,
     output_limit,
     prefix_hit_rate,
-    registration,
     repeated_prompts,
     run_guards,
     stalls,
@@ -225,13 +224,6 @@ def test_back_to_back() -> None:
     assert not back_to_back([a, dataclasses.replace(b, engine_version="0.10.0")], 24).passed
     assert not back_to_back([a, dataclasses.replace(b, node_pool="pool-2")], 24).passed
     assert not back_to_back([a, b], window_h=1.5).passed
-
-
-def test_registration() -> None:
-    assert registration(1.0, 2.0, "h", "h").passed
-    assert not registration(None, 2.0, "h", "h").passed
-    assert not registration(3.0, 2.0, "h", "h").passed
-    assert not registration(1.0, 2.0, "h", "edited").passed
 
 
 def test_run_guards_flags_the_fault() -> None:

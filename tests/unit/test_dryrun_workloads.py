@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.control import dryrun
+from orchestrator.control import dryrun, load_kinds
 from orchestrator.control.points import drain_seconds
 from orchestrator.plan import Plan, validate_plan
 from orchestrator.plan.sources import read_prompts, read_trace
@@ -34,13 +34,13 @@ def _plan(workload: dict[str, Any], name: str) -> Plan:
 def seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[np.ndarray, list[Any], float]]:
     """Every (offsets, requests, drain) the dry run hands the virtual engine."""
     calls: list[tuple[np.ndarray, list[Any], float]] = []
-    real = dryrun.simulate_open_loop
+    real = load_kinds.simulate_open_loop
 
     def spy(cluster, requests, offsets, windows, *, drain_s, seed):  # type: ignore[no-untyped-def]
         calls.append((np.asarray(offsets), list(requests), drain_s))
         return real(cluster, requests, offsets, windows, drain_s=drain_s, seed=seed)
 
-    monkeypatch.setattr(dryrun, "simulate_open_loop", spy)
+    monkeypatch.setattr(load_kinds, "simulate_open_loop", spy)
     monkeypatch.chdir(ROOT)  # the examples' data paths are relative to the checkout
     return calls
 
@@ -98,14 +98,14 @@ def test_a_sessions_plan_is_dry_run_as_sessions(seen, monkeypatch: pytest.Monkey
     d["sessions"] = {"think": {"mean_s": 0.5}}
     plan = _plan(d, "dry-sessions")
     runs: list[Any] = []
-    real = dryrun.simulate_sessions
+    real = load_kinds.simulate_sessions
 
     def spy(cluster, starts, script, windows, *, drain_s, seed):  # type: ignore[no-untyped-def]
         res = real(cluster, starts, script, windows, drain_s=drain_s, seed=seed)
         runs.append(res)
         return res
 
-    monkeypatch.setattr(dryrun, "simulate_sessions", spy)
+    monkeypatch.setattr(load_kinds, "simulate_sessions", spy)
     _search(plan)
     assert runs and not seen  # sessions, not an open loop of first turns
     later = []

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanError, UserError
-from orchestrator.plan import Plan, load_plan_file, load_plan_text, validate_plan
+from orchestrator.plan import Plan, load_plan_file, load_plan_text, loading, validate_plan
 from orchestrator.plan.loading import MAX_PLAN_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,11 +195,21 @@ def test_non_utf8_file_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "{a: " * 50_000 + "1" + "}" * 50_000,
                                   "".join(f"{'  ' * i}k{i}:\n" for i in range(200)) + "  " * 200 + "v"])
-def test_deep_nesting_is_one_line(text: str, tmp_path: Path) -> None:
-    t0 = time.perf_counter()
+def test_deep_nesting_is_one_line(text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Refused as the composer passes MAX_DEPTH, not after building the whole tree: counted in
+    # composed nodes (a wall-clock bound here would fail on a loaded machine).
+    composed = [0]
+    real = loading._PlanLoader.compose_node
+
+    def counting(self: Any, parent: Any, index: Any) -> Any:
+        composed[0] += 1
+        return real(self, parent, index)
+
+    monkeypatch.setattr(loading._PlanLoader, "compose_node", counting)
     with pytest.raises(PlanError) as e:
         load_plan_text(text)
-    assert time.perf_counter() - t0 < 2.0
+    assert composed[0] <= 2 * (loading.MAX_DEPTH + 1)  # a mapping composes its key and its value
+    monkeypatch.undo()
     assert len(e.value.problems) == 1 and "nested deeper" in e.value.problems[0]
     path = tmp_path / "deep.yaml"
     path.write_text(text)
