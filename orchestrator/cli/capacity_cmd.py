@@ -220,7 +220,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         if previous is not None and key != previous:
             table.add_section()
         previous = key
-        table.add_row(str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+        _row(table, str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
                       "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
                       f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
     _console().print(table)
@@ -232,6 +232,14 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
 def _limits(r: Any) -> str:
     ttft, tpot = getattr(r, "ttft_ms", 0) or 0, getattr(r, "tpot_ms", 0) or 0
     return f"{ttft:g}/{tpot:g} ms" if ttft and tpot else "?"
+
+
+def _row(table: Any, *cells: object) -> None:
+    """A table row of literal text: a stored value is never read as rich markup (a workload
+    signature ``[ab2c8965]`` is a style tag to rich, and two workloads would print alike)."""
+    from rich.text import Text
+
+    table.add_row(*(Text(str(c)) for c in cells))
 
 
 def _console() -> Any:
@@ -265,8 +273,8 @@ def _print_table(frame: pd.DataFrame) -> None:
         spread = "-" if pd.isna(r.spread) else f"{r.spread:.1%}"
         wl = f"{r.workload} [{r.workload_sha256[:8]}]" if r.workload_sha256 else "unknown"
         source = ("SIMULATED" if r.simulated else "measured") + (f" ({r.backend})" if r.backend else "")
-        table.add_row(
-            cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
+        _row(
+            table, cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
             f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
         )
     _console().print(table)
@@ -488,8 +496,8 @@ def _print_sizing(frame: pd.DataFrame) -> None:
         cost = "no price" if r["cost_day"] is None else (
             f"{r['cost_day']:,.0f} ({r['cost_day_low']:,.0f}-{r['cost_day_high']:,.0f})")
         per_m = "-" if r["usd_per_m_output_tokens"] is None else f"{r['usd_per_m_output_tokens']:.2f}"
-        table.add_row(
-            str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
+        _row(
+            table, str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
             f"{r['median']:,.0f} ({r['p25']:,.0f}-{r['p75']:,.0f})",
             f"{r['copies']}x = {r['shape']}" + (f" ({r['copies_low']}-{r['copies_high']}x)"
                                               if r["copies_low"] != r["copies_high"] else ""),
