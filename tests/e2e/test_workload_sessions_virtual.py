@@ -6,7 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import run_virtual, small_plan
+from orchestrator.backends.virtual import VirtualBackend
+from orchestrator.control.executor import Executor, ExecutorConfig
+from orchestrator.control.progress import PlainProgress
+from tests.e2e.helpers import small_plan
+
+
+class _Labels(PlainProgress):
+    """The point lines the run shows, kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def point_started(self, label: str, seconds: float) -> None:
+        self.lines.append(label)
+
+    def point_done(self, line: str) -> None:
+        self.lines.append(line)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_sockets")]
 
@@ -19,7 +36,10 @@ def test_a_session_plan_searches_capacity_in_virtual_time(store, state) -> None:
                   "output_tokens": 16},
         search={"rate": {"min": 0.5, "max": 4}, "precision": 0.25, "point_s": 2, "warmup_s": 0.5,
                 "cooldown_s": 0, "max_points": 2, "use_prior": False})
-    out = run_virtual(store, plan, state)
+    shown = _Labels()
+    out = Executor(store, VirtualBackend(), ExecutorConfig(state_dir=state), shown).run(plan)
+    # The rate a session plan searches starts sessions: its points say sessions/s, not req/s.
+    assert shown.lines and all("sessions/s" in line and "req/s" not in line for line in shown.lines), shown.lines
     runs = store.runs(out.experiment_id)
     assert len(runs) == 2 and all(r.status == "done" and r.valid for r in runs), [r.invalid_reason for r in runs]
     caps = store.capacities(out.experiment_id)
