@@ -73,3 +73,44 @@ class PlanError(UserError):
         super().__init__(
             f"plan is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''})", lines
         )
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what ``timeout``, systemd, Kubernetes and a closed terminal send),
+    raised where the process is, so it stops as Ctrl-C does: the running run is aborted with
+    this reason, every process the command started is stopped, and ``orch`` exits 128 + the
+    signal's number."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(self.signame)
+
+
+_RECEIVED: list[Terminated] = []  # what stop_on_signals' handler raised, first first
+
+
+def terminated_by() -> Terminated | None:
+    """The SIGTERM or SIGHUP that stopped this process, if one did (a framework in between,
+    e.g. typer, may turn the raised exception into an exit code)."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (again after a library,
+    e.g. ``ray.init``, installed handlers of its own)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        e = Terminated(signum)
+        _RECEIVED.append(e)
+        raise e
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)

@@ -124,7 +124,7 @@ def serve(
     stop = threading.Event()
 
     def stop_on_signals() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: stop.set())
 
     stop_on_signals()

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     from click import ClickException  # type: ignore[assignment]  # typer < 0.25: its click's class, another type to mypy
 
 from orchestrator.cli.apps import app
-from orchestrator.errors import OrchestratorError, UserError
+from orchestrator.errors import OrchestratorError, UserError, stop_on_signals, terminated_by
 
 # Each module attaches its commands to the apps in `apps`; listed here so `orch --help` is
 # complete and stable.
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run `orch`; returns (and exits with) the exit code."""
     debug = os.environ.get("ORCH_DEBUG") == "1"
     _register(argv)
+    if argv is None:  # the `orch` process itself (not a caller's process running it in-process)
+        stop_on_signals()  # SIGTERM and SIGHUP stop every command as Ctrl-C does
     try:
         # Without standalone mode click returns an Exit's code instead of raising it.
         returned = app(args=argv, prog_name="orch", standalone_mode=False)
@@ -105,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         code = 130
+    if (stopped := terminated_by()) is not None:  # typer returns 130 for any KeyboardInterrupt
+        sys.stderr.write(f"terminated ({stopped.signame}): stopped what this command started; "
+                         "`orch run` of the same plan resumes an experiment\n")
+        code = 128 + stopped.signum
     if argv is None:
         sys.exit(code)
     return code

@@ -9,6 +9,7 @@ never runs an edited plan under an old registration.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 import os
@@ -37,7 +38,13 @@ from orchestrator.control.verdicts import (
     gate_exit_code,
     judge_experiment,
 )
-from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
+from orchestrator.errors import (
+    OrchestratorError,
+    PermanentError,
+    Terminated,
+    TransientError,
+    UserError,
+)
 from orchestrator.plan import Plan
 from orchestrator.records import ERROR_OR_TIMEOUT_STATUSES
 from orchestrator.store.integrity import same_plan
@@ -322,6 +329,14 @@ class Executor:
             reason = f"PermanentError: {e}"
             self.store.finish_run(run_id, "failed", False, reason, record())
             self.progress.run_done(f"block {block} arm {arm}: FAILED ({reason}); not retried")
+            raise
+        except KeyboardInterrupt as e:
+            # Ctrl-C, SIGTERM or SIGHUP: the run ends aborted with why (its records kept); the
+            # experiment stays resumable. One try (the command is stopping: no retry budget).
+            reason = f"interrupted: {e.signame} received" if isinstance(e, Terminated) else "interrupted: Ctrl-C"
+            with contextlib.suppress(Exception):
+                getattr(self.store, "inner", self.store).finish_run(run_id, "aborted", False, reason, record())
+            self.progress.run_done(f"block {block} arm {arm}: ABORTED ({reason})")
             raise
         except (RunInvalid, TransientError) as e:
             reason = str(e) if isinstance(e, RunInvalid) else f"{type(e).__name__}: {e}"

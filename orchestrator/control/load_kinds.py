@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from orchestrator.control.design import point_seed
-from orchestrator.errors import PermanentError, TransientError
+from orchestrator.errors import PermanentError, TransientError, stop_on_signals
 from orchestrator.loadgen.client import Api
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.driver import LoadDriver
@@ -315,6 +315,7 @@ def run_sharded(url: str, model: str, requests: Sequence[RequestSpec], offsets: 
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, include_dashboard=False,
                  log_to_driver=False, ignore_reinit_error=True)
+        stop_on_signals()  # ray.init installs a SIGTERM handler that exits at once
     # Each shard takes a CPU; shards that cannot all be placed would wait for ever (inside a
     # controller task on a small cluster, say): say so and let the run be retried later.
     deadline = time.monotonic() + 10.0  # the last point's shards give their CPUs back shortly

@@ -288,7 +288,11 @@ class NullServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.monotonic() + self.start_timeout_s
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the port, once bound
+        try:
+            line = self.proc.stdout.readline()  # the port, once bound
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: `with` would not stop it
+            self.__exit__(None, None, None)
+            raise
         if not line.strip().isdigit() or time.monotonic() > deadline:
             self.__exit__(None, None, None)
             raise RuntimeError(f"null server did not start (said {line!r})")
