@@ -34,7 +34,7 @@ from orchestrator.backends.base import (
     Fingerprint,
     RunKey,
 )
-from orchestrator.engines import engine_for
+from orchestrator.engines import EngineAdapter, engine_for
 from orchestrator.errors import PermanentError, TransientError, UserError
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, Sink, StopCheck, summarize
 from orchestrator.loadgen.schedules import derive_seed
@@ -85,6 +85,7 @@ class _ArmState:
     faults: Faults
     seed: int
     model: str
+    engine: EngineAdapter  # whose metric names the servers export
     served: int = 0  # requests the servers took so far (for die_after)
     prefix_queries: int = 0
     prefix_hits: int = 0
@@ -97,7 +98,7 @@ class _ArmState:
 
     def metrics_text(self) -> str:
         """The engine's counter and gauge names, as the real-time sim server exports them."""
-        m = engine_for().metrics
+        m = self.engine.metrics
         lab = f'{{model_name="{self.model}"}}'
         return (f"{m.prefix_queries}_total{lab} {self.prefix_queries}\n"
                 f"{m.prefix_hits}_total{lab} {self.prefix_hits}\n"
@@ -420,7 +421,8 @@ class VirtualBackend:
         eff = math.exp(float(np.random.default_rng(seed).normal(0.0, noise))) if noise > 0 else 1.0
         cluster = cluster_for_arm(plan.model, spec, plan.router_for(arm), plan.sim, efficiency_scale=eff)
         model = plan.model.hf_id or plan.model.name
-        state = _ArmState(cluster, self.faults.get((arm, key.block, key.attempt), Faults()), seed, model)
+        state = _ArmState(cluster, self.faults.get((arm, key.block, key.attempt), Faults()), seed, model,
+                          engine_for(spec))
         fingerprint = Fingerprint(
             backend=self.name, gpu_type=spec.gpu, engine_version=ENGINE_VERSION,
             engine_version_source="package", gpu_products=(f"simulated {spec.gpu}",),

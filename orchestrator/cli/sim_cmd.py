@@ -19,15 +19,18 @@ from orchestrator.sim.model import WorkerModel
 from orchestrator.sim.server import Faults, ServeConfig, SimServer
 
 
-def _cluster_from_plan(plan_file: Path, arm: str, role: str, whole_arm: bool) -> tuple[ClusterSpec, str, int]:
+def _cluster_from_plan(plan_file: Path, arm: str, role: str, whole_arm: bool) -> tuple[ClusterSpec, str, int, str]:
+    """The arm's simulated cluster (or one worker of it), its served name, the plan's seed and
+    the arm's engine (which names and endpoints the server speaks)."""
     plan = load_plan_file(plan_file)
     if arm not in plan.arms:
         raise UserError(f"--arm must be an arm of the plan ({', '.join(plan.arms)}), not {arm!r}")
     spec = plan.arm(arm)
     cluster = cluster_for_arm(plan.model, spec, plan.router_for(arm), plan.sim)
     name = plan.model.hf_id or plan.model.name
+    kind = spec.engine.kind
     if whole_arm:
-        return cluster, name, plan.design.seed
+        return cluster, name, plan.design.seed, kind
     pools = {"both": cluster.workers, "prefill": cluster.prefill, "decode": cluster.decode}
     if role == "both" and spec.layout == "disaggregated":
         raise UserError(f"arm {arm} is disaggregated: give --role prefill or --role decode (or --whole-arm)")
@@ -35,7 +38,7 @@ def _cluster_from_plan(plan_file: Path, arm: str, role: str, whole_arm: bool) ->
         raise UserError(f"arm {arm} is colocated: --role {role} applies to disaggregated arms")
     one = pools[role][:1]
     return ClusterSpec(workers=one, link_bytes_s=cluster.link_bytes_s,
-                       stall_every_steps=cluster.stall_every_steps, stall_s=cluster.stall_s), name, plan.design.seed
+                       stall_every_steps=cluster.stall_every_steps, stall_s=cluster.stall_s), name, plan.design.seed, kind
 
 
 @sim_app.command("serve")
@@ -65,13 +68,14 @@ def serve(
     spin_ms: float = typer.Option(0.0, "--spin-ms", help="Yield-wait the last N ms of each step "
                                   "for sub-ms step ends (costs CPU; 2 is enough)."),
 ) -> None:
-    """Serve a simulated vLLM worker (OpenAI API, /metrics) until SIGTERM or SIGINT."""
+    """Serve a simulated engine worker (OpenAI API, /metrics; the arm's engine's names and
+    endpoints with --plan, vLLM's otherwise) until SIGTERM or SIGINT."""
     if role not in ("both", "prefill", "decode"):
         raise UserError(f"--role must be both, prefill or decode, not {role!r}")
     if plan_file is not None:
         if arm is None:
             raise UserError("--plan needs --arm A or --arm B")
-        cluster, name, plan_seed = _cluster_from_plan(plan_file, arm, role, whole_arm)
+        cluster, name, plan_seed, engine_kind = _cluster_from_plan(plan_file, arm, role, whole_arm)
         seed = seed or plan_seed
     else:
         if model is None or gpu_name is None:
@@ -91,6 +95,7 @@ def serve(
         cluster = ClusterSpec(workers=(WorkerModel.from_engine(g, spec, tp, engine),),
                               policy=RouterConfig().policy)
         name = spec.hf_id or spec.name
+        engine_kind = "vllm"
     if fault_stall_every:
         cluster = ClusterSpec(**{**cluster.__dict__, "stall_every_steps": fault_stall_every,
                                  "stall_s": fault_stall_ms / 1000.0})
@@ -98,7 +103,7 @@ def serve(
                     ignore_max_tokens_streaming=fault_ignore_max_tokens_streaming, stall_every=fault_stall_every,
                     stall_ms=fault_stall_ms, die_after=fault_die_after, frozen_output=fault_frozen_output)
     config = ServeConfig(cluster=cluster, served_model_name=served_model_name or name,
-                         role=role, seed=seed, faults=faults, spin_ms=max(0.0, spin_ms))
+                         role=role, seed=seed, faults=faults, spin_ms=max(0.0, spin_ms), engine=engine_kind)
     asyncio.run(_serve(config, host, port))
 
 

@@ -22,7 +22,7 @@ from orchestrator.control.load_kinds import LoadPoint, Send, load_kind, run_shar
 from orchestrator.control.progress import AttainmentTally, ProgressSink
 from orchestrator.control.prompt_fit import fit_point_prompts
 from orchestrator.control.spool import SpoolingSink
-from orchestrator.engines import engine_for
+from orchestrator.engines import EngineMetrics, engine_for
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary
 from orchestrator.loadgen.schedules import shards_needed
 from orchestrator.loadgen.scrape import Sample, parse_metrics
@@ -75,9 +75,9 @@ def scrape_samples(backend: Backend, dep: Deployment) -> list[Sample]:
     return out
 
 
-def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample]) -> float | None:
+def server_prefix_hit_rate(before: Sequence[Sample], after: Sequence[Sample],
+                           m: EngineMetrics) -> float | None:
     """Prefix-cache hits / queries over the point, from the engine's counters (None if not exported)."""
-    m = engine_for().metrics
     q = counter_total(after, m.prefix_queries) - counter_total(before, m.prefix_queries)
     h = counter_total(after, m.prefix_hits) - counter_total(before, m.prefix_hits)
     if q <= 0:
@@ -116,20 +116,19 @@ def sim_lateness_p99(before: Sequence[Sample], after: Sequence[Sample]) -> float
     return next(le for le, cum in delta if cum >= 0.99 * total)
 
 
-def busy_requests(samples: Sequence[Sample]) -> float | None:
+def busy_requests(samples: Sequence[Sample], m: EngineMetrics) -> float | None:
     """Requests running or waiting on the servers (None when they export no such gauge)."""
-    m = engine_for().metrics
     names = (m.running, m.waiting)
     found = [s.value for s in samples if s.name in names]
     return sum(found) if found else None
 
 
-def settle(backend: Backend, dep: Deployment, timeout_s: float = 30.0) -> float:
+def settle(backend: Backend, dep: Deployment, m: EngineMetrics, timeout_s: float = 30.0) -> float:
     """Wait until the servers are idle (a point must not inherit the last one's backlog);
-    returns the seconds waited. Servers without the vLLM gauges are not waited for."""
+    returns the seconds waited. Servers without the engine's gauges are not waited for."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
-        busy = busy_requests(scrape_samples(backend, dep))
+        busy = busy_requests(scrape_samples(backend, dep), m)
         if not busy:
             break
         time.sleep(0.2)
@@ -230,7 +229,11 @@ class PointRunner:
         if not sent:
             return
         self.kind.saw(sent, self.seen_blocks)
-        settle(self.backend, dep)
+        settle(self.backend, dep, self.metrics(arm))
+
+    def metrics(self, arm: str) -> EngineMetrics:
+        """The Prometheus names of the arm's engine (vLLM's or SGLang's)."""
+        return engine_for(self.plan.arm(arm)).metrics
 
     def workers(self, arm: str) -> int:
         pools = self.plan.arm(arm).pools()
@@ -254,7 +257,7 @@ class PointRunner:
             search_class=search_class,
         )
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
-        settle(self.backend, dep)
+        settle(self.backend, dep, self.metrics(arm))
         before_t, before = time.time(), scrape_samples(self.backend, dep)
         shards = self.shards_for(rate) if rate is not None else 1
         send = Send(dep.endpoint.url, dep.endpoint.model, plan.workload.api,
@@ -328,7 +331,7 @@ class PointRunner:
         # when its user was ready) is judged, finished or not.
         n_measured = sum(1 for r in judged if r.phase == "measure")
         metrics = point_metrics(judged, plan.classes, window_s=window_s, n_scheduled=n_measured)
-        hit = server_prefix_hit_rate(before, after)
+        hit = server_prefix_hit_rate(before, after, self.metrics(arm))
         judged_class = plan.service_class(search_class) if search_class else plan.classes[0]
         context = PointContext(
             n_scheduled=n_measured, window_s=window_s,
@@ -370,6 +373,6 @@ class PointRunner:
         self.store.record_guards(run_id, point_id, guards)
         snapshots = [(before_t, before), *during.snapshots, (after_t, after)]
         samples = [(t, x.name, x.labels, x.value) for t, snap in snapshots for x in snap
-                   if x.name.startswith(engine_for().metrics.prefix)]
+                   if x.name.startswith(self.metrics(arm).prefix)]
         self.store.record_metric_samples(run_id, point_id, samples)
         return PointOutcome(point_id, pt.rate or 0.0, metrics, guards, hit, records, sink.stored, not flushed, early)

@@ -9,23 +9,26 @@ from orchestrator.engines.base import (
     EngineAdapter,
     EngineMetrics,
     KvConnector,
+    Launcher,
     Role,
     RouterTarget,
     ServeTarget,
     StaticWorkers,
 )
+from orchestrator.engines.sglang import SGLANG
 from orchestrator.engines.vllm import VLLM
 from orchestrator.plan import Arm
 
-ENGINES: dict[str, EngineAdapter] = {VLLM.kind: VLLM}
+ENGINES: dict[str, EngineAdapter] = {VLLM.kind: VLLM, SGLANG.kind: SGLANG}
 
 
 def engine_for(arm: Arm | None = None) -> EngineAdapter:
-    """The adapter of an arm's engine (every arm serves vLLM today; ``None``: the default)."""
-    return ENGINES["vllm"]
+    """The adapter of an arm's engine (``arm.engine.kind``). ``None``, where no arm is known
+    (an external stack, a caller not yet told the arm): the default engine, vLLM."""
+    return ENGINES[arm.engine.kind if arm is not None else "vllm"]
 
 
 __all__ = [
-    "ENGINES", "DiscoveredWorkers", "EngineAdapter", "EngineMetrics", "KvConnector", "Role",
+    "ENGINES", "DiscoveredWorkers", "EngineAdapter", "EngineMetrics", "KvConnector", "Launcher", "Role",
     "RouterTarget", "ServeTarget", "StaticWorkers", "engine_for",
 ]

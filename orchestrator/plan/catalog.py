@@ -24,6 +24,11 @@ from orchestrator.plan.base import StrictModel
 # (VLLM_IMAGE_TAG, the vllm/vllm-openai tag form).
 VLLM_VERSION = "0.32.0"
 VLLM_IMAGE_TAG = f"v{VLLM_VERSION}"
+# The SGLang version the SGLang adapter is written against: its argument parser checks every
+# rendered SGLang command line in tests/sglang/ (where an SGLang environment is given), and an
+# SGLang arm's engine.version defaults to its image tag (lmsysorg/sglang:v0.5.23).
+SGLANG_VERSION = "0.5.23"
+SGLANG_IMAGE_TAG = f"v{SGLANG_VERSION}"
 
 
 class GPUSpec(StrictModel):

@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import PlanError, Problem
-from orchestrator.plan.arms import Arm, RouterConfig
+from orchestrator.plan.arms import ROUTER_POLICIES_OF, Arm, RouterConfig, router_policy_problem
 from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
 from orchestrator.plan.kubernetes import KubernetesSettings
@@ -315,6 +315,7 @@ class Plan(StrictModel):
             model=self.model, arms=self.arms, workload=self.workload, classes=self.classes, bars=self.bars,
             backend=self.backend,
         )
+        problems.extend(_router_policy_fits(self.router, self.arms))
         if problems:
             raise PlanError(problems)
         return self
@@ -415,6 +416,16 @@ def _bar_fits_loop(i: int, bar: Bar, workload: Workload) -> list[Problem]:
                         "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
                         "remove `rate`")]
     return []
+
+
+def _router_policy_fits(router: RouterConfig, arms: dict[str, Arm]) -> list[Problem]:
+    """The plan's router runs in front of every arm without its own: each arm's engine's router
+    must have its policy (an arm's own router is checked with the arm)."""
+    return [Problem("router.policy", f"arm {name} serves {arm.engine.kind}: "
+                    + router_policy_problem(arm.engine.kind, router.policy))
+            for name, arm in arms.items()
+            if not arm.external and arm.router is None
+            and router.policy not in ROUTER_POLICIES_OF[arm.engine.kind]]
 
 
 def _endpoints_match_backend(arms: dict[str, Arm], backend: str) -> list[Problem]:

@@ -9,11 +9,17 @@ NVIDIA GPU Feature Discovery, so a plain GPU cluster needs none of them.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from orchestrator.plan.base import CrossFieldError, StrictModel
+from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, canonical_gpu
 
 # A Kubernetes quantity of bytes such as 16Gi or 512Mi (the forms a size limit is written in).
@@ -22,6 +28,9 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A Secret's name: a DNS subdomain (lower-case labels joined by dots, at most 253 characters).
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]
+
+
+SGLANG_IMAGE_REPOSITORY = "lmsysorg/sglang"
 
 
 def _default_gpu_products() -> dict[str, tuple[str, ...]]:
@@ -76,6 +85,11 @@ class KubernetesSettings(StrictModel):
     image_repository: str = Field(
         default="vllm/vllm-openai",
         description="vLLM image; the tag is the arm's engine.version.",
+    )
+    sglang_image_repository: str = Field(
+        default=SGLANG_IMAGE_REPOSITORY,
+        description="SGLang image of arms with engine.kind sglang (workers and their sglang_router); "
+        "the tag is the arm's engine.version.",
     )
     router_image: str = Field(
         default="vllm/vllm-router:v0.1.17",
@@ -185,6 +199,15 @@ class KubernetesSettings(StrictModel):
         if problems:
             raise CrossFieldError(problems)
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sglang_image(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered: left out at its default (every plan keeps its hash).
+        return omit_while(handler(self), {"sglang_image_repository": SGLANG_IMAGE_REPOSITORY})
+
+    def image_repository_for(self, engine: str) -> str:
+        """The image repository of an engine's workers (``vllm`` or ``sglang``)."""
+        return self.sglang_image_repository if engine == "sglang" else self.image_repository
 
     def product_labels(self, gpu_type: str) -> tuple[str, ...]:
         """Label values that select ``gpu_type`` nodes (the catalog's when not overridden)."""

@@ -34,6 +34,7 @@ from orchestrator.report import llmd_schema as br
 from orchestrator.report.data import ExperimentData
 from orchestrator.store import RunInfo, config_columns
 
+ROUTER_TOOLS = {"vllm": "vllm-router", "sglang": "sglang-router"}
 DIST: dict[str, Literal["fixed", "gaussian", "random", "other"]] = {
     "fixed": "fixed", "normal": "gaussian", "uniform": "random", "lognormal": "other"}
 # Arm.pools() role -> the format's engine role.
@@ -78,8 +79,9 @@ def _engine_args(plan: Plan, arm: str, tp: int, role: Role) -> dict[str, Any]:
     flag -> value map (JSON-valued flags as objects); host and port are the deployment's."""
     spec = plan.arm(arm)
     target = ServeTarget(model=plan.model.hf_id or plan.model.name, host="0.0.0.0", port=8000, tp=tp, role=role)
-    model, *flags = engine_for(spec).serve_args(plan, spec, target)
-    args: dict[str, Any] = {"--model": model}
+    engine = engine_for(spec)
+    model, *flags = engine.serve_args(plan, spec, target)
+    args: dict[str, Any] = {engine.launcher("cuda").model_flag or "--model": model}
     i = 0
     while i < len(flags):
         flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else None
@@ -95,7 +97,7 @@ def stack(plan: Plan, run: RunInfo) -> list[br.Component]:
     fp = run.fingerprint or {}
     cfg = config_columns(plan, run.arm)["config_sha256"][:32]
     backend = str(fp.get("backend", plan.backend))
-    tool = "vllm" if backend != "sim" else "orchestrator-sim"
+    tool = arm.engine.kind if backend != "sim" else "orchestrator-sim"
     version = str(fp.get("engine_version") or arm.engine.version)
     gpu = str(fp.get("gpu_type") or arm.gpu or "")
     out = []
@@ -116,8 +118,8 @@ def stack(plan: Plan, run: RunInfo) -> list[br.Component]:
     router = plan.router_for(run.arm)
     out.append(br.Component(
         metadata=br.ComponentMetadata(kind="generic", label=f"{run.arm}-router", cfg_id=_sha(cfg, "router"),
-                                      description="request router (vllm-router)"),
-        standardized=br.Generic(tool="vllm-router", tool_version=str(fp.get("router_version", "unknown")),
+                                      description=f"request router ({ROUTER_TOOLS[arm.engine.kind]})"),
+        standardized=br.Generic(tool=ROUTER_TOOLS[arm.engine.kind], tool_version=str(fp.get("router_version", "unknown")),
                                 kind_draft="router", policy=router.policy),
         native=br.ComponentNative(config=router.model_dump(mode="json")),
     ))

@@ -1,8 +1,11 @@
-"""The simulated vLLM server: OpenAI-compatible API over aiohttp, tokens paced by the model.
+"""The simulated engine server: OpenAI-compatible API over aiohttp, tokens paced by the model.
 
 Endpoints as vLLM's: /v1/completions and /v1/chat/completions (stream and not, max_tokens,
 ignore_eos, stream_options.include_usage, usage.prompt_tokens_details.cached_tokens),
-/v1/models, /health, /metrics (Prometheus text, vLLM's names). Tokens: one word = one token
+/v1/models, /health, /metrics (Prometheus text, the engine adapter's names). It speaks the
+arm's engine (``ServeConfig.engine``): vLLM's names and its /version, or SGLang's names and
+its native endpoints (/get_model_info, /get_server_info and their newer /model_info,
+/server_info), where series SGLang does not export are left out. Tokens: one word = one token
 (contracts). P/D hand-off as vLLM's NixlConnector through vllm-router: a prefill-role request
 carrying ``kv_transfer_params.do_remote_decode`` answers with ``kv_transfer_params`` for the
 decoder; a decode-role request carrying ``do_remote_prefill`` skips the prefill and pays the
@@ -26,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from orchestrator.engines import engine_for
+from orchestrator.engines import ENGINES, EngineMetrics
 from orchestrator.sim.engine import ClusterSpec, Sequence, Worker
 from orchestrator.sim.engine.worker import WAITING
 from orchestrator.sim.realtime import Pending, SimCluster
@@ -58,6 +61,11 @@ class ServeConfig:
     faults: Faults = field(default_factory=Faults)
     spin_ms: float = 0.0  # yield-wait the last ms of each step: sub-ms step ends, costs CPU
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    engine: str = "vllm"  # the engine it speaks: an adapter's kind (its metric names, endpoints)
+
+    @property
+    def metrics(self) -> EngineMetrics:
+        return ENGINES[self.engine].metrics
 
 
 class _Collector:
@@ -69,36 +77,38 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.server
-        m = engine_for().metrics
+        m = s.config.metrics
         ws: list[Worker] = s.cluster.workers
         lab = ["model_name", "engine"]
         val = [s.config.served_model_name, "0"]
+        seen: set[str] = set()  # SGLang's prefix queries are its prompt-token counter: once
 
-        def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=lab)
-            g.add_metric(val, v)
-            return g
+        def family(kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str, doc: str,
+                   v: float) -> Iterator[Metric]:
+            if name and name not in seen:  # an empty name: the engine exports no such series
+                seen.add(name)
+                f = kind(name, doc, labels=lab)
+                f.add_metric(val, v)
+                yield f
 
-        def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=lab)
-            c.add_metric(val, v)
-            return c
-
-        yield gauge(m.running, "Requests in the batch.", sum(w.running for w in ws))
-        yield gauge(m.waiting, "Requests waiting.",
-                    sum(len(w.waiting) + len(w.transferring) for w in ws))
-        yield gauge(m.kv_usage, "KV cache usage (0-1).",
-                    max((w.memory.usage for w in ws), default=0.0))
-        yield counter(m.prefix_queries, "Prompt tokens queried.", sum(w.memory.queries for w in ws))
-        yield counter(m.prefix_hits, "Prompt tokens hit.", sum(w.memory.hits for w in ws))
-        yield counter(m.prompt_tokens, "Prompt tokens.", sum(w.prompt_tokens_total for w in ws))
-        yield counter(m.generation_tokens, "Generated tokens.", sum(w.generation_tokens_total for w in ws))
-        yield counter(m.preemptions, "Preemptions.", sum(w.preemptions for w in ws))
-        yield counter(m.request_success, "Finished requests.", s.finished)
-        # Not a vLLM series: steps that ended so late the timeline restarted from then (the
+        yield from family(GaugeMetricFamily, m.running, "Requests in the batch.", sum(w.running for w in ws))
+        yield from family(GaugeMetricFamily, m.waiting, "Requests waiting.",
+                          sum(len(w.waiting) + len(w.transferring) for w in ws))
+        yield from family(GaugeMetricFamily, m.kv_usage, "KV cache usage (0-1).",
+                          max((w.memory.usage for w in ws), default=0.0))
+        yield from family(CounterMetricFamily, m.prompt_tokens, "Prompt tokens.",
+                          sum(w.prompt_tokens_total for w in ws))
+        yield from family(CounterMetricFamily, m.prefix_queries, "Prompt tokens queried.",
+                          sum(w.memory.queries for w in ws))
+        yield from family(CounterMetricFamily, m.prefix_hits, "Prompt tokens hit.", sum(w.memory.hits for w in ws))
+        yield from family(CounterMetricFamily, m.generation_tokens, "Generated tokens.",
+                          sum(w.generation_tokens_total for w in ws))
+        yield from family(CounterMetricFamily, m.preemptions, "Preemptions.", sum(w.preemptions for w in ws))
+        yield from family(CounterMetricFamily, m.request_success, "Finished requests.", s.finished)
+        # Not an engine's series: steps that ended so late the timeline restarted from then (the
         # requests in flight then ran longer than the model says: the machine was the bottleneck).
-        yield counter("orch_sim_timeline_restarts", "Timeline restarts after falling behind the model.",
-                      s.cluster.timeline_restarts)
+        yield from family(CounterMetricFamily, "orch_sim_timeline_restarts",
+                          "Timeline restarts after falling behind the model.", s.cluster.timeline_restarts)
 
 
 class SimServer:
@@ -106,7 +116,7 @@ class SimServer:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        m = engine_for().metrics  # the simulated engine speaks vLLM's names
+        m = config.metrics  # the simulated engine speaks its arm's engine's names
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         # Not a vLLM series: how late each step's tokens left against the model's timeline, so
@@ -137,15 +147,18 @@ class SimServer:
         # `orch device fit --experiment` fits a device profile from them.
         phase_buckets = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                          60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-        self.tpot = Histogram(m.tpot,
-                              "Histogram of time_per_output_token_seconds per request.", labels,
-                              registry=self.registry, buckets=itl_buckets).labels(config.served_model_name, "0")
-        self.prefill_time = Histogram(m.prefill_time,
-                                      "Histogram of time spent in PREFILL phase for request.", labels,
-                                      registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
-        self.decode_time = Histogram(m.decode_time,
-                                     "Histogram of time spent in DECODE phase for request.", labels,
-                                     registry=self.registry, buckets=phase_buckets).labels(config.served_model_name, "0")
+        # An engine without one of them (SGLang: no phase histograms) exports nothing under it.
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            if not name:
+                return None
+            return Histogram(name, doc, labels, registry=self.registry,
+                             buckets=buckets).labels(config.served_model_name, "0")
+
+        self.tpot = histogram(m.tpot, "Histogram of time_per_output_token_seconds per request.", itl_buckets)
+        self.prefill_time = histogram(m.prefill_time, "Histogram of time spent in PREFILL phase for request.",
+                                      phase_buckets)
+        self.decode_time = histogram(m.decode_time, "Histogram of time spent in DECODE phase for request.",
+                                     phase_buckets)
         # Requests not yet scheduled, with when each was (Pending -> step start), for prefill time.
         self._unscheduled: set[Pending] = set()
         self._scheduled_at: dict[Pending, float] = {}
@@ -155,7 +168,13 @@ class SimServer:
         self.on_die: Callable[[], object] = lambda: os._exit(1)
         self.app = web.Application()
         self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/version", self.version)
+        if config.engine == "sglang":  # SGLang's native endpoints (it has no /version)
+            for path in ("/get_model_info", "/model_info"):
+                self.app.router.add_get(path, self.model_info)
+            for path in ("/get_server_info", "/server_info"):
+                self.app.router.add_get(path, self.server_info)
+        else:
+            self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -197,8 +216,33 @@ class SimServer:
     async def models(self, request: web.Request) -> web.Response:
         name = self.config.served_model_name
         return web.json_response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": self.config.engine,
              "root": name, "parent": None, "max_model_len": 40960}]})
+
+    def _disaggregation_mode(self) -> str:
+        return {"prefill": "prefill", "decode": "decode"}.get(self.config.role, "null")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """As SGLang's ``GET /get_model_info`` (the fields a router or a client reads)."""
+        name = self.config.served_model_name
+        return web.json_response({"model_path": name, "served_model_name": name, "tokenizer_path": name,
+                                  "is_generation": True, "preferred_sampling_params": None,
+                                  "weight_version": "default", "disaggregation_mode": self._disaggregation_mode(),
+                                  "has_image_understanding": False, "has_audio_understanding": False,
+                                  "model_type": None, "architectures": None})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """As SGLang's ``GET /get_server_info``: its settings, live state and version (sim's)."""
+        from orchestrator import __version__
+
+        ws = self.cluster.workers
+        return web.json_response({
+            "model_path": self.config.served_model_name, "served_model_name": self.config.served_model_name,
+            "tp_size": self._tp(), "disaggregation_mode": self._disaggregation_mode(),
+            "max_running_requests": max((w.model.max_num_seqs for w in ws), default=None),
+            "internal_states": [{"num_running_reqs": sum(w.running for w in ws),
+                                 "num_queue_reqs": sum(len(w.waiting) for w in ws)}],
+            "version": f"sim-{__version__}", "frontend": "python"})
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
@@ -289,10 +333,12 @@ class SimServer:
             scheduled = self._scheduled_at.pop(pending, None)
         self.finished += 1
         if first_end is not None and last_end is not None:
-            if scheduled is not None:
+            if scheduled is not None and self.prefill_time is not None:
                 self.prefill_time.observe(max(0.0, first_end - scheduled))
-            self.decode_time.observe(last_end - first_end)
-            self.tpot.observe((last_end - first_end) / (seq.generated - 1) if seq.generated > 1 else 0.0)
+            if self.decode_time is not None:
+                self.decode_time.observe(last_end - first_end)
+            if self.tpot is not None:
+                self.tpot.observe((last_end - first_end) / (seq.generated - 1) if seq.generated > 1 else 0.0)
         usage = {"prompt_tokens": seq.prompt_tokens, "total_tokens": seq.prompt_tokens + seq.generated,
                  "completion_tokens": seq.generated,
                  "prompt_tokens_details": {"cached_tokens": seq.cached_tokens or 0}}

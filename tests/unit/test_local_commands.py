@@ -34,7 +34,7 @@ GOLDEN = ROOT / "tests" / "fixtures" / "local"
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if load_plan_file(p).backend != "external")
 EXTERNAL = ROOT / "examples" / "external-ab.yaml"
 SETTINGS = LocalSettings(python="/opt/vllm/bin/python", router="/opt/orch/bin/vllm-router",
-                         tiny_model_dir="/cache/tiny-llama")
+                         tiny_model_dir="/cache/tiny-llama", sglang_python="/opt/sglang/bin/python")
 RUN_DIR = Path("/run/orch/exp/exp-a-b0-t0")
 
 
@@ -98,6 +98,15 @@ def test_example_arms_on_a_gpu_box(example: Path, arm: str) -> None:
 def test_every_engine_knob_reaches_the_command_line(arm: str) -> None:
     plan = _knobs_plan()
     _check_golden(f"knobs-{arm}.gpu.txt", _render(plan, arm, _gpu_box(plan, arm)))
+
+
+@pytest.mark.parametrize("arm", ["A", "B", "C"])
+def test_every_engine_knob_reaches_the_sglang_command_line(arm: str) -> None:
+    # SGLang arms (tests/unit/test_engine_adapter.py): every knob, P/D on NIXL and Mooncake.
+    from tests.unit.test_engine_adapter import sglang_knobs_plan
+
+    plan = sglang_knobs_plan()
+    _check_golden(f"sglang-knobs-{arm}.gpu.txt", _render(plan, arm, _gpu_box(plan, arm)))
 
 
 @pytest.mark.parametrize("arm", ["A", "B"])
@@ -171,7 +180,8 @@ def test_each_worker_gets_its_own_tp_many_gpus(example: Path) -> None:
         seen: list[int] = []
         for e in layout.engines:
             gpus = [int(g) for g in dict(e.env)["CUDA_VISIBLE_DEVICES"].split(",")]
-            tp = int(e.argv[e.argv.index("--tensor-parallel-size") + 1])
+            flag = "--tp-size" if plan.arm(arm).engine.kind == "sglang" else "--tensor-parallel-size"
+            tp = int(e.argv[e.argv.index(flag) + 1])
             assert len(gpus) == tp
             seen += gpus
         assert sorted(seen) == list(range(plan.arm(arm).gpus))  # disjoint, no gaps
@@ -259,3 +269,19 @@ def test_deploy_names_the_remedy_when_taskset_is_missing(tmp_path: Path, monkeyp
     with pytest.raises(PermanentError, match="install util-linux, or set LocalSettings.cpu_reserved to 0"):
         backend.deploy(_tiny_plan(), "A", RunKey("exp", "A", 0))
     assert not (tmp_path / "state" / "exp").exists()  # nothing started
+
+
+def test_a_plan_with_an_sglang_arm_and_no_sglang_environment_deploys_nothing(tmp_path: Path) -> None:
+    # Arm A is vLLM (installed), arm B SGLang with no ORCH_SGLANG_PYTHON: the first deploy, of
+    # arm A, already refuses with the remedy, before any process or folder exists.
+    from orchestrator.errors import EnvironmentProblem
+
+    settings = SETTINGS.model_copy(update={"python": _fake_engine_python(tmp_path, "0.32.0"),
+                                           "sglang_python": None})
+    data = _tiny_plan().model_dump(mode="json", by_alias=True)
+    data["arms"]["B"] = {**data["arms"]["A"], "engine": {**data["arms"]["A"]["engine"], "kind": "sglang"}}
+    plan = validate_plan(data)
+    backend = LocalBackend(tmp_path / "state", settings=settings, device=Device(kind="cpu"))
+    with pytest.raises(EnvironmentProblem, match=r"no sglang environment.*ORCH_SGLANG_PYTHON"):
+        backend.deploy(plan, "A", RunKey("exp", "A", 0))
+    assert not (tmp_path / "state" / "exp").exists()

@@ -26,6 +26,7 @@ REGISTERED: dict[str, str] = {
     "examples/quickstart.yaml": "f83a1591c193d0f33249600bb8b412feefe9019c2aae48ec9b074f97ee0057e9",
     "examples/router-cache-aware.yaml": "0e07b3a95c73575fa4eeb9ca4aa4794f631211852d94f7ce0f4191fb5e289738",
     "examples/three-arms.yaml": "3bec982e255b972bb38214898a62d2adfe8d2ff1009006742642274a5f1dade4",
+    "examples/vllm-vs-sglang.yaml": "45237120e39fde34cfc6e26d033ed79718cc37b80b5e5570f08cb0d3f84545e0",
     "tests/e2e/plans/k8s-quickstart.yaml": "2ab15a2ce80495b4b03d648b74adafd1e673d5eb66c6b55ae943d99074f87ff1",
     "tests/e2e/plans/two-vs-one.yaml": "e9bcb57bc33a15e73527b865087c1ef4c240dc9e969eb110c08531861c33858d",
 }

@@ -291,10 +291,11 @@ def _variant_plans() -> list[Plan]:
 
 
 def _plans() -> list[tuple[Plan, list[str]]]:
-    """(plan, the arms to render): every provisioned arm of the examples, arm A of the variants
-    (their B is quickstart's)."""
+    """(plan, the arms to render): every provisioned vLLM arm of the examples, arm A of the
+    variants (their B is quickstart's). SGLang arms have their own parsers' tier (tests/sglang)."""
     examples = [load_plan_file(p) for p in EXAMPLES]
-    return ([(p, [a for a, arm in p.arms.items() if not arm.external]) for p in examples]
+    return ([(p, [a for a, arm in p.arms.items() if not arm.external and arm.engine.kind == "vllm"])
+             for p in examples]
             + [(p, ["A"]) for p in _variant_plans()])
 
 

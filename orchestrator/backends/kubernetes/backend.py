@@ -40,7 +40,7 @@ from orchestrator.backends.kubernetes.render import (
     weights_source,
 )
 from orchestrator.backends.readiness import wait_until_serving
-from orchestrator.engines import engine_for
+from orchestrator.engines import ENGINES, engine_for
 from orchestrator.errors import OrchestratorError, PermanentError, TransientError
 from orchestrator.plan import Plan, plan_hash
 
@@ -142,6 +142,7 @@ class KubernetesBackend:
                                     details={"weights": weights_source(plan)}),
             handles={
                 "namespace": ns,
+                "engine": arm_spec.engine.kind,
                 "run": naming.run_name(key),
                 "run_selector": f"{naming.RUN_LABEL}={naming.run_labels(key)[naming.RUN_LABEL]}",
                 "objects": [(o["kind"], o["metadata"]["name"]) for o in objs],
@@ -282,18 +283,21 @@ class KubernetesBackend:
                                         driver_versions=drivers, node_pools=pools)
         version = self._served_version(deployment, pods)
         if version:
-            observed.update(engine_version=version, engine_version_source="/version")
+            path = ENGINES[deployment.handles.get("engine", "vllm")].version_path
+            observed.update(engine_version=version, engine_version_source=path)
         deployment.fingerprint = deployment.fingerprint.observed(**observed)
 
     def _served_version(self, deployment: Deployment, pods: list[dict[str, Any]]) -> str | None:
-        """vLLM's own ``GET /version`` of a worker, through the API server's pod proxy."""
+        """The engine's own version of a worker (vLLM's ``GET /version``, SGLang's
+        ``GET /get_server_info``: its ``version``), through the API server's pod proxy."""
+        path = ENGINES[deployment.handles.get("engine", "vllm")].version_path
         versions = set()
         for pod in pods:
             st = pod_state(pod)
             if st.role == "router":
                 continue
             try:
-                text = self.api.proxy_get(deployment.handles["namespace"], st.name, HTTP_PORT, "/version")
+                text = self.api.proxy_get(deployment.handles["namespace"], st.name, HTTP_PORT, path)
                 v = json.loads(text).get("version")
             except (OrchestratorError, ValueError, AttributeError):
                 continue

@@ -88,9 +88,10 @@ def render_arm(plan: Plan, arm_name: str, key: RunKey, namespace: str | None = N
         objs.append(ns_obj)
     objs.append(_owner(plan, arm_name, key, ns, labels))
     objs.extend(_router_rbac(key, ns, labels))
+    side_channel = _uses_nixl(arm) and engine_for(arm).kv_side_channel_env is not None
     for role, pool in arm.pools().items():
         objs.append(_pool_deployment(plan, arm, role, pool, key, ns, labels))
-        objs.append(_service(key, role, ns, labels, headless=True, nixl=_uses_nixl(arm)))
+        objs.append(_service(key, role, ns, labels, headless=True, nixl=side_channel))
     objs.append(_router_deployment(plan, arm_name, key, ns, labels))
     objs.append(_service(key, "router", ns, labels, headless=False, nixl=False))
     return objs
@@ -137,11 +138,18 @@ def _uses_nixl(arm: Arm) -> bool:
 
 
 def vllm_args(plan: Plan, arm: Arm, tp: int, role: Role = "worker") -> list[str]:
-    """Arguments of ``vllm serve`` for one worker of ``arm`` in role ``role`` (the engine
-    adapter's, as every backend gets them)."""
+    """The engine container's arguments for one worker of ``arm`` in role ``role``: the engine
+    adapter's, as its image's command takes them (``vllm serve MODEL ...``; SGLang's
+    ``sglang.launch_server --model-path MODEL ...``). A P/D prefill worker of an engine with a
+    bootstrap server listens on the engine's default bootstrap port (one per pod)."""
+    engine = engine_for(arm)
     target = ServeTarget(model=plan.model.hf_id or plan.model.name, host="0.0.0.0", port=HTTP_PORT,
-                         tp=tp, role=role, device="cuda")
-    return list(engine_for(arm).serve_args(plan, arm, target))
+                         tp=tp, role=role, device="cuda",
+                         bootstrap_port=engine.bootstrap_port if role == "prefill" else None)
+    return list(engine.container.args(engine.serve_args(plan, arm, target)))
+
+
+engine_args = vllm_args  # the name for any engine (vllm_args: the older one, kept for callers)
 
 
 def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
@@ -195,10 +203,17 @@ def _pool_deployment(
         spec["nodeSelector"] = dict(sorted(k.node_selector.items()))
     if k.tolerations:
         spec["tolerations"] = [toleration(t) for t in k.tolerations]
+    engine = engine_for(arm)
+    annotations = engine.pod_annotations(role) if arm.layout == "disaggregated" else {}
+    if annotations:
+        tpl["metadata"].setdefault("annotations", {}).update(annotations)
     c = spec["containers"][0]
-    c["image"] = f"{k.image_repository}:{arm.engine.version}"
+    c["image"] = f"{k.image_repository_for(arm.engine.kind)}:{arm.engine.version}"
     c["imagePullPolicy"] = k.image_pull_policy
+    c["command"] = list(engine.container.command)
     c["args"] = vllm_args(plan, arm, pool.tp, role)
+    for probe in ("startupProbe", "readinessProbe"):
+        c[probe]["httpGet"]["path"] = engine.ready_path
     gpus = str(pool.tp)
     c["resources"] = {
         "requests": {
@@ -214,7 +229,9 @@ def _pool_deployment(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": k.hf_token_secret, "key": "token"}}}
         )
     if _uses_nixl(arm):
-        _nixl(tpl, c, plan)
+        _nixl(tpl, c, plan, engine.kv_side_channel_env)
+    if role == "prefill" and arm.layout == "disaggregated" and engine.bootstrap_port is not None:
+        c["ports"].append({"name": "bootstrap", "containerPort": engine.bootstrap_port, "protocol": "TCP"})
     for vol in spec["volumes"]:
         if vol["name"] == "dshm":
             vol["emptyDir"]["sizeLimit"] = k.shm_size
@@ -267,19 +284,23 @@ def kv_transport(plan: Plan, arm: Arm) -> str | None:
     return arm.kv_connector
 
 
-def _nixl(tpl: Obj, c: Obj, plan: Plan) -> None:
-    """NIXL's side channel (decode pulls KV from prefill over UCX; each pod advertises its IP)
-    and, if asked, RDMA: the device resource, IPC_LOCK for pinned memory, UCX's rc transport,
-    the device names and a secondary network."""
+def _nixl(tpl: Obj, c: Obj, plan: Plan, side_channel_env: tuple[str, str] | None) -> None:
+    """NIXL's side channel where the engine has one (vLLM: decode pulls KV from prefill over
+    UCX; each pod advertises its IP; SGLang exchanges NIXL metadata through its bootstrap
+    server instead) and, if asked, RDMA: the device resource, IPC_LOCK for pinned memory,
+    UCX's rc transport, the device names and a secondary network."""
     k = plan.kubernetes
     net = k.kv_network
     tls = k.ucx_tls if not net.rdma else ",".join(dict.fromkeys(["rc", *k.ucx_tls.split(",")]))
-    c["env"] += [
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_PORT)},
-        {"name": "UCX_TLS", "value": tls},
-    ]
-    c["ports"].append({"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"})
+    if side_channel_env is not None:
+        host_env, port_env = side_channel_env
+        c["env"] += [
+            {"name": host_env, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": port_env, "value": str(NIXL_PORT)},
+        ]
+    c["env"].append({"name": "UCX_TLS", "value": tls})
+    if side_channel_env is not None:
+        c["ports"].append({"name": "nixl", "containerPort": NIXL_PORT, "protocol": "TCP"})
     if not net.rdma:
         return
     if net.ucx_net_devices:
@@ -294,8 +315,9 @@ def _nixl(tpl: Obj, c: Obj, plan: Plan) -> None:
 
 
 def router_args(plan: Plan, arm_name: str, ns: str, labels: dict[str, str]) -> list[str]:
-    """Arguments of ``vllm-router``: the plan's policy over workers it discovers by label, or
-    its P/D mode over the prefill and decode pools (the engine adapter's)."""
+    """Arguments of the arm's engine's router (``vllm-router``, ``sglang_router``): the plan's
+    policy over workers it discovers by label, or its P/D mode over the prefill and decode
+    pools (the engine adapter's)."""
     arm = plan.arm(arm_name)
     engine = engine_for(arm)
     kv = engine.kv_connector(arm, "prefill", "cuda", None)
@@ -323,7 +345,13 @@ def _router_deployment(plan: Plan, arm_name: str, key: RunKey, ns: str, labels: 
     if k.tolerations:  # a cluster of tainted GPU nodes only must still place the router
         tpl["spec"]["tolerations"] = [toleration(t) for t in k.tolerations]
     c = tpl["spec"]["containers"][0]
-    c["image"] = k.router_image
+    arm = plan.arm(arm_name)
+    engine = engine_for(arm)
+    if engine.router_module is None:  # its own image and executable (the base's command)
+        c["image"] = k.router_image
+    else:  # a module of the engine's image, run by the image's interpreter
+        c["image"] = f"{k.image_repository_for(arm.engine.kind)}:{arm.engine.version}"
+        c["command"] = [engine.container.command[0], *engine.router_module]
     c["imagePullPolicy"] = k.image_pull_policy
     c["args"] = router_args(plan, arm_name, ns, labels)
     return obj

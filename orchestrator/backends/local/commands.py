@@ -1,4 +1,4 @@
-"""Command lines of the local backend: what each vLLM worker and the router of an arm get.
+"""Command lines of the local backend: what each engine worker and the router of an arm get.
 
 Pure: it reads the plan, the ``Device`` and ``LocalSettings`` it is handed and the ports it
 draws from the iterator it is handed, and asks the machine nothing (detection is ``device``,
@@ -18,12 +18,10 @@ from orchestrator.backends.local.device import Device
 from orchestrator.backends.local.settings import LocalSettings
 from orchestrator.backends.vllm_env import TINY_MODEL_ID
 from orchestrator.engines import Role, RouterTarget, ServeTarget, StaticWorkers, engine_for
-from orchestrator.errors import PermanentError, UserError
+from orchestrator.errors import EnvironmentProblem, PermanentError, UserError
 from orchestrator.plan import GPUS, Arm, Plan
 
 HOST = "127.0.0.1"
-ENGINE_MODULE_GPU = ("-m", "vllm.entrypoints.cli.main", "serve")  # what `vllm serve` runs
-ENGINE_MODULE_CPU = ("-m", "vllm.entrypoints.openai.api_server")
 TASKSET = "taskset"  # util-linux: pins a CPU engine's process tree (children inherit it)
 
 
@@ -97,38 +95,57 @@ def model_source(plan: Plan, settings: LocalSettings) -> str:
     return hf_id
 
 
-def served_name(plan: Plan) -> str:
-    """The ``model`` field requests carry (the engine adapter's rule, as on every backend)."""
-    return engine_for().served_name(plan)
+def served_name(plan: Plan, arm: Arm | None = None) -> str:
+    """The ``model`` field requests carry (the arm's engine adapter's rule, as on every backend)."""
+    return engine_for(arm).served_name(plan)
+
+
+def engine_python(arm: Arm, arm_name: str, settings: LocalSettings) -> str:
+    """The interpreter of the arm's engine environment, or EnvironmentProblem naming the setting."""
+    python = settings.python_for(arm.engine.kind)
+    if python is None:
+        raise EnvironmentProblem(
+            f"arms.{arm_name} serves {arm.engine.kind}, but no {arm.engine.kind} environment is set "
+            f"for the local backend: set ORCH_{arm.engine.kind.upper()}_PYTHON to the interpreter of an "
+            f"environment with {arm.engine.kind} installed")
+    return python
 
 
 def engine_argv(
     plan: Plan, arm_name: str, role: Role, port: int, tp: int, device: Device,
-    settings: LocalSettings, kv_dir: str | None,
+    settings: LocalSettings, kv_dir: str | None, bootstrap_port: int | None = None,
 ) -> tuple[str, ...]:
-    """The exact engine command line of one worker: the adapter's arguments behind this box's
-    launcher (``vllm serve`` on a GPU box; the OpenAI server module, with ``--model``, on CPU)."""
+    """The exact engine command line of one worker: the adapter's arguments behind its launcher
+    for this box, run by the engine environment's interpreter (vLLM: ``vllm serve`` on a GPU
+    box, the OpenAI server module with ``--model`` on CPU; SGLang: ``sglang.launch_server``)."""
     arm = plan.arm(arm_name)
+    kind: Literal["cuda", "cpu"] = "cuda" if device.kind == "cuda" else "cpu"
     target = ServeTarget(model=model_source(plan, settings), host=HOST, port=port, tp=tp, role=role,
-                         device="cuda" if device.kind == "cuda" else "cpu",
+                         device=kind,
                          max_model_len=settings.cpu_max_model_len if device.kind == "cpu" else None,
-                         kv_dir=kv_dir)
-    model, *flags = engine_for(arm).serve_args(plan, arm, target)
-    if device.kind == "cuda":
-        return (settings.python, *ENGINE_MODULE_GPU, model, *flags)
-    return (settings.python, *ENGINE_MODULE_CPU, "--model", model, *flags)
+                         kv_dir=kv_dir, bootstrap_port=bootstrap_port)
+    adapter = engine_for(arm)
+    return adapter.launcher(kind).argv(adapter.serve_args(plan, arm, target),
+                                       python=engine_python(arm, arm_name, settings))
 
 
 def router_argv(
     plan: Plan, arm_name: str, port: int, metrics_port: int, settings: LocalSettings,
     workers: list[str], prefill: list[str], decode: list[str], kv_connector: str | None,
+    prefill_bootstrap_ports: tuple[int, ...] = (),
 ) -> tuple[str, ...]:
-    """vllm-router over the workers by URL (the adapter's arguments)."""
+    """The arm's engine's router over the workers by URL (the adapter's arguments): vllm-router's
+    executable, or a router module run by the engine environment's interpreter (SGLang's)."""
+    arm = plan.arm(arm_name)
+    adapter = engine_for(arm)
     target = RouterTarget(host=HOST, port=port, metrics_host=HOST, metrics_port=metrics_port,
                           workers=StaticWorkers(tuple(workers), tuple(prefill), tuple(decode),
+                                                prefill_bootstrap_ports=prefill_bootstrap_ports,
                                                 startup_check_s=2, startup_timeout_s=settings.router_startup_s),
                           kv_connector=kv_connector)
-    return (settings.router, *engine_for(plan.arm(arm_name)).router_args(plan, arm_name, target))
+    head = ((settings.router,) if adapter.router_module is None
+            else (engine_python(arm, arm_name, settings), *adapter.router_module))
+    return (*head, *adapter.router_args(plan, arm_name, target))
 
 
 def render_arm(
@@ -152,6 +169,7 @@ def render_arm(
         }
     engines: list[ProcessSpec] = []
     urls: dict[str, list[str]] = {"worker": [], "prefill": [], "decode": []}
+    bootstrap: list[int] = []  # prefill workers' KV hand-off ports (engines that have them)
     connector: str | None = None
     next_gpu = 0
     tps = [pool.tp for pool in arm.pools().values() for _ in range(pool.replicas)]
@@ -171,10 +189,14 @@ def render_arm(
             if device.kind == "cuda":
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(next_gpu, next_gpu + pool.tp))
                 next_gpu += pool.tp
-                if connector == "NixlConnector":
+                if kv is not None and kv.name == "NixlConnector" and adapter.kv_side_channel_env:
                     # Each NIXL agent on one host needs its own side-channel port.
-                    env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(next(ports))
-            argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_dir)
+                    env[adapter.kv_side_channel_env[1]] = str(next(ports))
+            boot = None
+            if kv is not None and role == "prefill" and adapter.bootstrap_port is not None:
+                boot = next(ports)  # one host: each prefill worker its own bootstrap server
+                bootstrap.append(boot)
+            argv = engine_argv(plan, arm_name, role, port, pool.tp, device, settings, kv_dir, boot)
             if share.affinity is not None:
                 argv = (TASKSET, "-c", share.affinity, *argv)
             spec = ProcessSpec(name=f"{role}-{i}", role=role,
@@ -185,11 +207,11 @@ def render_arm(
     router = ProcessSpec(
         name="router", role="router",
         argv=router_argv(plan, arm_name, rport, mport, settings, urls["worker"], urls["prefill"],
-                         urls["decode"], connector),
+                         urls["decode"], connector, tuple(bootstrap)),
         env=(("ORCH_RUN", run_label),), port=rport,
     )
     return ArmLayout(engines=tuple(engines), router=router, router_metrics_port=mport,
-                     served_model=served_name(plan), kv_connector=connector,
+                     served_model=served_name(plan, arm), kv_connector=connector,
                      kv_dir=kv_dir if connector == "ExampleConnector" else None,
                      router_policy=plan.router_for(arm_name).policy)
 

@@ -1,7 +1,9 @@
 """How the local backend starts engines: interpreter, router binary, model folder, CPU sizing.
 
-``LocalSettings.from_env`` finds the vLLM environment of ``make vllm`` (or ORCH_VLLM_PYTHON)
-and the vllm-router executable; the settings themselves are plain data the rendering reads.
+``LocalSettings.from_env`` finds the vLLM environment of ``make vllm`` (or ORCH_VLLM_PYTHON),
+the vllm-router executable and, for SGLang arms, an SGLang environment (ORCH_SGLANG_PYTHON:
+an interpreter with sglang and sglang-router installed); the settings themselves are plain
+data the rendering reads.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ class LocalSettings(StrictModel):
 
     python: str = Field(description="Interpreter of the vLLM environment (runs the engines).")
     router: str = Field(description="The vllm-router executable.")
+    sglang_python: str | None = Field(
+        default=None,
+        description="Interpreter of an SGLang environment (sglang and sglang-router installed): runs "
+        "SGLang arms' engines and their router. None: SGLang arms cannot run here.",
+    )
     model_path: str | None = Field(
         default=None,
         description="Weights folder or hub id served instead of the plan's model.hf_id "
@@ -54,7 +61,12 @@ class LocalSettings(StrictModel):
         env = env or VllmEnv.default()
         python = os.environ.get("ORCH_VLLM_PYTHON") or str(env.python)
         router = _router_binary() or "vllm-router"
+        over.setdefault("sglang_python", os.environ.get("ORCH_SGLANG_PYTHON") or None)
         return cls(python=python, router=router, tiny_model_dir=str(env.model_dir), **over)
+
+    def python_for(self, kind: str) -> str | None:
+        """The interpreter that runs engine ``kind`` (None: no such environment is set)."""
+        return {"vllm": self.python, "sglang": self.sglang_python}.get(kind)
 
 
 def _router_binary() -> str | None:
