@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from orchestrator.loadgen.driver import HTTP_DRIVER, LoadDriver
 from orchestrator.plan import Plan
@@ -151,6 +151,9 @@ class Fingerprint:
         return cls(**kw)
 
 
+H = TypeVar("H")
+
+
 @dataclass
 class Deployment:
     """A deployed arm: its endpoint, fingerprint and backend-private handles."""
@@ -158,9 +161,18 @@ class Deployment:
     key: RunKey
     endpoint: Endpoint
     fingerprint: Fingerprint
-    handles: dict[str, Any] = field(default_factory=dict, repr=False)  # backend-private (pids, secrets)
+    # Backend-private: the deploying backend's own record (processes, names, secrets); read it
+    # back with ``handles_as`` (each backend's type, so no field is looked up by a string).
+    handles: object = field(default=None, repr=False)
     # How a point's load reaches it: HTTP on the wall clock, or the virtual backend's own clock.
     driver: LoadDriver = field(default=HTTP_DRIVER, repr=False)
+
+    def handles_as(self, kind: type[H]) -> H:
+        """The handles, as the backend that deployed this arm recorded them."""
+        if not isinstance(self.handles, kind):
+            raise TypeError(f"deployment {self.key.slug} holds {type(self.handles).__name__} handles, "
+                            f"not {kind.__name__}: it was deployed by another backend")
+        return self.handles
 
 
 @runtime_checkable

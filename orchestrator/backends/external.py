@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -31,6 +32,7 @@ from orchestrator.backends.base import (
 from orchestrator.backends.readiness import NotYet, refuse_auth, served_models, wait_until_serving
 from orchestrator.engines import engine_for
 from orchestrator.errors import OrchestratorError, TransientError, UserError
+from orchestrator.loadgen.client import Api
 from orchestrator.loadgen.scrape import parse_metrics
 from orchestrator.plan import Plan
 from orchestrator.plan.external import ExternalEndpoint
@@ -86,6 +88,14 @@ def cache_config_from_metrics(text: str) -> dict[str, str] | None:
     return None
 
 
+@dataclass
+class ExternalHandles:
+    """An external arm's resolved request headers (its API key: never stored) and API."""
+
+    headers: dict[str, str]
+    api: Api
+
+
 class ExternalBackend:
     """Arms served by stacks the orchestrator did not start (plan ``backend: external``)."""
 
@@ -113,7 +123,7 @@ class ExternalBackend:
                             headers=tuple(sorted(headers.items())))
         fingerprint = self._fingerprint(plan, arm, endpoint, headers)
         return Deployment(key=key, endpoint=endpoint, fingerprint=fingerprint,
-                          handles={"headers": headers, "api": plan.workload.api})
+                          handles=ExternalHandles(headers, plan.workload.api))
 
     def _fingerprint(self, plan: Plan, arm: str, endpoint: Endpoint, headers: dict[str, str]) -> Fingerprint:
         spec = plan.arm(arm)
@@ -161,14 +171,14 @@ class ExternalBackend:
         arm = deployment.key.arm
         wait_until_serving(
             deployment.endpoint, deadline_s, f"arm {arm}", require_model=True,
-            api=deployment.handles.get("api", "completions"), headers=deployment.handles.get("headers", {}),
+            api=deployment.handles_as(ExternalHandles).api, headers=deployment.handles_as(ExternalHandles).headers,
             auth_hint=_auth_hint(arm), timeout_s=min(self.timeout_s, max(deadline_s, 1.0)), retry_delay_s=2.0,
         )
 
     def alive(self, deployment: Deployment) -> bool:
         """The stack is not ours to watch: whether it still answers ``/v1/models``."""
         try:
-            with httpx.Client(timeout=self.timeout_s, headers=deployment.handles.get("headers", {})) as c:
+            with httpx.Client(timeout=self.timeout_s, headers=deployment.handles_as(ExternalHandles).headers) as c:
                 served_models(c, deployment.endpoint.url, f"arm {deployment.key.arm}", _auth_hint(deployment.key.arm))
             return True
         except (NotYet, OrchestratorError):
@@ -176,7 +186,7 @@ class ExternalBackend:
 
     def scrape(self, deployment: Deployment) -> dict[str, str]:
         out: dict[str, str] = {}
-        with httpx.Client(timeout=self.timeout_s, headers=deployment.handles.get("headers", {})) as client:
+        with httpx.Client(timeout=self.timeout_s, headers=deployment.handles_as(ExternalHandles).headers) as client:
             for url in deployment.endpoint.metrics_urls:
                 text = _get_text(client, url)
                 if text is not None:

@@ -168,10 +168,19 @@ def log_tail(path: str | Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+@dataclass
+class ProcessHandles:
+    """What a process backend keeps of a deployment: its processes in start order (router
+    last) and the engine they serve."""
+
+    procs: list[ChildProcess]
+    engine: str = "vllm"
+
+
 class ProcessBackend:
     """Arms as local processes: one state file per run attempt lists them (so teardown is
-    idempotent and ``cleanup`` finds a crashed controller's leftovers); ``handles["procs"]``
-    holds the ``ChildProcess`` list in start order (router last)."""
+    idempotent and ``cleanup`` finds a crashed controller's leftovers); the deployment's
+    ``ProcessHandles`` hold the ``ChildProcess`` list in start order (router last)."""
 
     name = "process"
     stop_grace_s = 5.0
@@ -210,19 +219,20 @@ class ProcessBackend:
 
     def exited_check(self, deployment: Deployment) -> None:
         """Raise PermanentError naming the first process of the deployment that exited."""
-        for p in deployment.handles.get("procs", []):
+        for p in deployment.handles_as(ProcessHandles).procs:
             if not p.alive():
                 raise PermanentError(f"{p.role} exited during start-up (log {p.log}); log tail:\n{log_tail(p.log)}")
 
     def alive(self, deployment: Deployment) -> bool:
         """Whether every process of the deployment still runs."""
-        return all(p.alive() for p in deployment.handles.get("procs", []))
+        return all(p.alive() for p in deployment.handles_as(ProcessHandles).procs)
 
     def _after_stop(self, run_dir: Path) -> None:
         """What a backend removes besides its processes (a KV folder); none by default."""
 
     def teardown(self, deployment: Deployment) -> None:
-        procs = deployment.handles.get("procs") or self._state(deployment.key).read()
+        held = deployment.handles
+        procs = (held.procs if isinstance(held, ProcessHandles) else []) or self._state(deployment.key).read()
         for p in reversed(procs):  # router first, then workers
             stop_group(p.pid, self.stop_grace_s)
             _log.debug("stopped %s (pid %d)", p.role, p.pid)

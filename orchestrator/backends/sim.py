@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator import __version__, logs
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.http import scrape_urls
-from orchestrator.backends.processes import ProcessBackend, free_port, log_tail
+from orchestrator.backends.processes import ProcessBackend, ProcessHandles, free_port, log_tail
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.engines import ENGINES, EngineAdapter, RouterTarget, StaticWorkers, engine_for
 from orchestrator.errors import TransientError
@@ -129,7 +129,7 @@ class SimBackend(ProcessBackend):
             key=key,
             endpoint=Endpoint(url=url, model=engine_for(spec).served_name(plan), metrics_urls=metrics),
             fingerprint=fingerprint,
-            handles={"procs": procs, "engine": spec.engine.kind},
+            handles=ProcessHandles(procs, spec.engine.kind),
         )
 
     def _router_argv(
@@ -162,9 +162,9 @@ class SimBackend(ProcessBackend):
                            checks=lambda: self._startup_check(deployment), poll_s=0.2, retry_delay_s=1.0)
 
     def _startup_check(self, deployment: Deployment) -> None:
-        procs = deployment.handles.get("procs", [])
-        dead = [p for p in procs if not p.alive()]
-        kind = deployment.handles.get("engine", "vllm")
+        held = deployment.handles_as(ProcessHandles)
+        dead = [p for p in held.procs if not p.alive()]
+        kind = held.engine
         if dead and dead[0].role == "router" and self._router_command(kind) is not None:
             tail = log_tail(dead[0].log, 15)
             # This session's later deployments of the engine use the whole-arm server.

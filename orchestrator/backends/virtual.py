@@ -433,14 +433,12 @@ class VirtualBackend:
         )
         dep = Deployment(key=key, endpoint=Endpoint(url=f"virtual://{key.slug}", model=model,
                                                     metrics_urls=(f"virtual://{key.slug}/metrics",)),
-                         fingerprint=fingerprint, handles={"state": state}, driver=VirtualDriver(state))
+                         fingerprint=fingerprint, handles=state, driver=VirtualDriver(state))
         self.deployed[key.slug] = dep
         return dep
 
     def _state(self, dep: Deployment) -> _ArmState:
-        state = dep.handles["state"]
-        assert isinstance(state, _ArmState)
-        return state
+        return dep.handles_as(_ArmState)
 
     def ready(self, deployment: Deployment, deadline_s: float) -> None:
         st = self._state(deployment)

@@ -102,13 +102,13 @@ def stream_one(deployment: Deployment, plan: Plan, timeout_s: float, seed: int =
 def process_leftovers(dep: Deployment) -> list[str]:
     """For process backends (sim, local): live members of the deployment's process groups (the
     leader and what it spawned, e.g. vLLM's EngineCore)."""
-    return [f"{p.role}: pids {group_members(p.pid)}" for p in dep.handles.get("procs", []) if group_members(p.pid)]
+    return [f"{p.role}: pids {group_members(p.pid)}" for p in getattr(dep.handles, "procs", []) if group_members(p.pid)]
 
 
 def kill_first_process(dep: Deployment) -> None:
     """For process backends: SIGKILL the leader of the deployment's first server (a worker; the
     router starts last). Its children may live on: teardown must still stop them."""
-    os.kill(dep.handles["procs"][0].pid, signal.SIGKILL)
+    os.kill(dep.handles.procs[0].pid, signal.SIGKILL)
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, interval_s: float = 0.1) -> bool:

@@ -140,7 +140,7 @@ def wrong_count_router() -> Iterator[str]:
 
 def k8s_leftovers(cluster: EmulatedCluster, dep: Deployment) -> list[str]:
     """Objects labelled with the run, and processes of its pods still running."""
-    run = dep.handles["run"]
+    run = dep.handles.run
     left = [f"{kind} {name}" for kind in ("Deployment", "ReplicaSet", "Pod", "Service", "ConfigMap", "Role",
                                           "RoleBinding", "ServiceAccount")
             for name, obj in cluster.objects(kind, NS).items()
@@ -152,7 +152,7 @@ def k8s_leftovers(cluster: EmulatedCluster, dep: Deployment) -> list[str]:
 
 def k8s_kill(cluster: EmulatedCluster, dep: Deployment) -> None:
     """SIGKILL the worker container of the run (the kubelet restarts it: restartCount + 1)."""
-    pods = cluster.pods(NS, dep.handles["run_selector"])
+    pods = cluster.pods(NS, dep.handles.run_selector)
     worker = next(p for p in pods if p["metadata"]["labels"].get("orchestrator/role") != "router")
     cluster.kill_pod(worker["metadata"]["name"], NS)
 

@@ -225,7 +225,7 @@ def test_deploy_ready_fingerprint_scrape_teardown(cluster: RunningCluster, route
     assert isinstance(backend, Backend)
     key = RunKey(plan.name, "B", 0)
     dep = backend.deploy(plan, "B", key)
-    ns = dep.handles["namespace"]
+    ns = dep.handles.namespace
     assert ns == "orch-disagg-vs-colocated-h200"
     assert ns in cluster.k8s.namespaces
     deployments = cluster.objects("deployments")
@@ -265,11 +265,11 @@ def test_pending_pod_reports_insufficient_gpus_at_the_deadline(cluster: RunningC
     dep = backend.deploy(plan, "A", RunKey(plan.name, "A", 0))
     cluster.add_node("gpu-1", H200)
     message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
-    names = cluster.start_pods(dep.handles["namespace"], status={
+    names = cluster.start_pods(dep.handles.namespace, status={
         "phase": "Pending",
         "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
     })
-    cluster.k8s.objects["v1/events", dep.handles["namespace"], "ev1"] = {
+    cluster.k8s.objects["v1/events", dep.handles.namespace, "ev1"] = {
         "metadata": {"name": "ev1"}, "type": "Warning", "reason": "FailedScheduling",
         "message": message, "involvedObject": {"kind": "Pod", "name": names[0]},
     }
@@ -284,7 +284,7 @@ def test_no_node_with_the_gpu_type_is_permanent_and_names_the_labels(cluster: Ru
     backend = _backend(cluster)
     dep = backend.deploy(plan, "A", RunKey(plan.name, "A", 0))
     cluster.add_node("h100-1", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
-    cluster.start_pods(dep.handles["namespace"], status={"phase": "Pending", "conditions": [{
+    cluster.start_pods(dep.handles.namespace, status={"phase": "Pending", "conditions": [{
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
         "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."}]})
     with pytest.raises(PermanentError) as err:
@@ -295,7 +295,7 @@ def test_no_node_with_the_gpu_type_is_permanent_and_names_the_labels(cluster: Ru
 def test_crash_looping_pod_is_permanent_with_its_last_exit(cluster: RunningCluster, plan: Plan) -> None:
     backend = _backend(cluster)
     dep = backend.deploy(plan, "A", RunKey(plan.name, "A", 0))
-    cluster.start_pods(dep.handles["namespace"], status={
+    cluster.start_pods(dep.handles.namespace, status={
         "phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
         "containerStatuses": [{"name": "vllm", "restartCount": 4,
                                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
@@ -313,7 +313,7 @@ def test_409_on_apply_and_500_on_list_are_retried(cluster: RunningCluster, route
     assert cluster.requests("PATCH", "/deployments/") == 3, "worker: 409 then applied; router: applied"
     assert len(cluster.objects("deployments")) == 2
     cluster.add_node("gpu-1", H200)
-    cluster.start_pods(dep.handles["namespace"])
+    cluster.start_pods(dep.handles.namespace)
     backend.ready(dep, deadline_s=10)
     assert not cluster.k8s.faults, "both faults were hit"
 

@@ -48,7 +48,7 @@ def test_colocated_replicas_behind_round_robin_router(tmp_path) -> None:
         assert dep.fingerprint.gpu_type == "H200" and "vllm-router" in dep.fingerprint.topology
     finally:
         backend.teardown(dep)
-    assert not any(p.alive() for p in dep.handles["procs"])
+    assert not any(p.alive() for p in dep.handles.procs)
     backend.teardown(dep)  # idempotent
 
 
@@ -63,7 +63,7 @@ def test_disaggregated_arm_through_router_pd_mode(tmp_path) -> None:
         backend.ready(dep, 120)
         out = _complete(dep.endpoint.url, dep.endpoint.model, 16)
         assert out["usage"]["completion_tokens"] == 16
-        procs = {p.role: p for p in dep.handles["procs"]}
+        procs = {p.role: p for p in dep.handles.procs}
         scraped = backend.scrape(dep)
         prefill = scraped[f"http://127.0.0.1:{procs['prefill-0'].port}/metrics"]
         decode = scraped[f"http://127.0.0.1:{procs['decode-0'].port}/metrics"]

@@ -15,7 +15,7 @@ from orchestrator.backends.local import (
     group_members,
     stop_group,
 )
-from orchestrator.backends.processes import StateFile, start_process
+from orchestrator.backends.processes import ProcessHandles, StateFile, start_process
 
 # The leader starts a child that ignores SIGTERM (as a busy EngineCore may), then waits.
 LEADER = """# orchestrator teardown test
@@ -47,7 +47,7 @@ def test_teardown_leaves_no_process_of_the_group(tmp_path: Path) -> None:
     proc = _start(tmp_path, "worker-0")
     key = RunKey("exp", "A", 0)
     dep = Deployment(key=key, endpoint=Endpoint(url="http://127.0.0.1:1", model="m"), fingerprint=Fingerprint("local"),
-                     handles={"procs": [proc]})
+                     handles=ProcessHandles([proc]))
     backend = _backend(tmp_path)
     backend.teardown(dep)
     assert group_members(proc.pid) == []

@@ -52,7 +52,7 @@ def cache_aware(backend: LocalBackend, plan: Plan) -> Iterator[Deployment]:
 
 def _hits(backend: LocalBackend, dep: Deployment) -> tuple[float, float]:
     texts = backend.scrape(dep)
-    engines = [u for u in dep.endpoint.metrics_urls if u.replace("/metrics", "") in dep.handles["engines"]]
+    engines = [u for u in dep.endpoint.metrics_urls if u.replace("/metrics", "") in dep.handles.engines]
     return (sum(_counter(texts[u], "vllm:prefix_cache_hits_total") for u in engines),
             sum(_counter(texts[u], "vllm:prefix_cache_queries_total") for u in engines))
 
@@ -76,7 +76,7 @@ def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(
 ) -> None:
     ports = free_ports()
     rport, mport = next(ports), next(ports)
-    argv = router_argv(plan, "A", rport, mport, backend.settings, cache_aware.handles["engines"],
+    argv = router_argv(plan, "A", rport, mport, backend.settings, cache_aware.handles.engines,
                        [], [], None)
     assert argv[argv.index("--policy") + 1] == "round_robin"
     rr = start_process("router-rr", list(argv), rport, backend.state_dir / "router-rr.log")

@@ -70,7 +70,7 @@ def test_engine_processes_leave_the_generator_a_core(colocated: Deployment) -> N
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("one allowed CPU: nothing to reserve")
-    engine, _router = colocated.handles["procs"]
+    engine, _router = colocated.handles.procs
     members = group_members(engine.pid)
     assert len(members) >= 2  # the API server and at least the engine core
     for pid in members:
@@ -80,7 +80,7 @@ def test_engine_processes_leave_the_generator_a_core(colocated: Deployment) -> N
 def test_teardown_leaves_no_process(backend: LocalBackend, colocated: Deployment) -> None:
     # Runs after the other colocated tests (file order); the fixture's own teardown is then a
     # no-op, teardown being idempotent.
-    pids = [p.pid for p in colocated.handles["procs"]]
+    pids = [p.pid for p in colocated.handles.procs]
     assert backend.alive(colocated)
     assert len(pids) == 2 and all(group_members(pid) for pid in pids)  # engine + router
     backend.teardown(colocated)

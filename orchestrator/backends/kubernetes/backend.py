@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -56,6 +56,25 @@ NODE_POOL_LABELS = (
 # Kinds a run creates in its namespace, deleted in this order by cleanup (router first).
 RUN_KINDS = ("Deployment", "Service", "RoleBinding", "Role", "ServiceAccount", "ConfigMap")
 PLAN_HASH_ANNOTATION = "orchestrator/plan-sha256"
+
+
+@dataclass
+class KubeHandles:
+    """What the Kubernetes backend keeps of a deployed arm: where its objects are and what
+    ready() waits for."""
+
+    namespace: str
+    engine: str
+    run: str  # the run's name (objects' prefix, the port-forward's key)
+    run_selector: str  # label selector of the run's pods
+    objects: list[tuple[str, str]]  # (kind, name) in creation order
+    deployments: list[str]
+    router_service: str
+    use_service: bool  # reach the router through its Service (in the cluster), not a port-forward
+    expected_pods: int
+    gpu_label: str
+    gpu_values: list[str]
+    restarts_at_ready: int | None = None  # container restarts counted when it became ready
 
 
 class KubernetesBackend:
@@ -140,19 +159,19 @@ class KubernetesBackend:
                                     gpu_type=arm_spec.gpu, namespace=ns,
                                     kv_transport=kv_transport(plan, arm_spec),
                                     details={"weights": weights_source(plan)}),
-            handles={
-                "namespace": ns,
-                "engine": arm_spec.engine.kind,
-                "run": naming.run_name(key),
-                "run_selector": f"{naming.RUN_LABEL}={naming.run_labels(key)[naming.RUN_LABEL]}",
-                "objects": [(o["kind"], o["metadata"]["name"]) for o in objs],
-                "deployments": [o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"],
-                "router_service": naming.object_name(key, "router"),
-                "use_service": self.endpoint_url is None and self._use_service(plan),
-                "expected_pods": sum(p.replicas for p in arm_spec.pools().values()) + 1,
-                "gpu_label": plan.kubernetes.gpu_product_label,
-                "gpu_values": list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
-            },
+            handles=KubeHandles(
+                namespace=ns,
+                engine=arm_spec.engine.kind,
+                run=naming.run_name(key),
+                run_selector=f"{naming.RUN_LABEL}={naming.run_labels(key)[naming.RUN_LABEL]}",
+                objects=[(o["kind"], o["metadata"]["name"]) for o in objs],
+                deployments=[o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"],
+                router_service=naming.object_name(key, "router"),
+                use_service=self.endpoint_url is None and self._use_service(plan),
+                expected_pods=sum(p.replicas for p in arm_spec.pools().values()) + 1,
+                gpu_label=plan.kubernetes.gpu_product_label,
+                gpu_values=list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
+            ),
         )
 
     def _check_weights(self, plan: Plan, ns: str) -> None:
@@ -185,19 +204,19 @@ class KubernetesBackend:
         cluster refusing to create pods (Pod Security, quota: the admission message), no node
         with the GPU type, an untolerated taint, a missing claim. Waits through image pull
         back-off and busy GPUs; TransientError at the deadline naming each pod's state."""
-        h = deployment.handles
+        h = deployment.handles_as(KubeHandles)
         key = deployment.key
         deadline = time.monotonic() + deadline_s
         shown = ""
         while True:
-            pods = self.api.list("Pod", h["namespace"], labels=h["run_selector"])
+            pods = self.api.list("Pod", h.namespace, labels=h.run_selector)
             states = [pod_state(p) for p in pods]
             self._fail_fast(deployment, states)
-            line = progress_line(states, h["expected_pods"])
+            line = progress_line(states, h.expected_pods)
             if line != shown:
                 self.log(f"arm {key.arm} block {key.block}: {line}")
                 shown = line
-            if len(states) >= h["expected_pods"] and all(s.ready for s in states):
+            if len(states) >= h.expected_pods and all(s.ready for s in states):
                 break
             if time.monotonic() >= deadline:
                 raise TransientError(self._not_ready_message(deployment, states, deadline_s), delay=30.0)
@@ -207,8 +226,8 @@ class KubernetesBackend:
         self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
 
     def _fail_fast(self, deployment: Deployment, states: list[PodState]) -> None:
-        h = deployment.handles
-        ns = h["namespace"]
+        h = deployment.handles_as(KubeHandles)
+        ns = h.namespace
         for s in states:
             if s.fatal_reason:
                 raise PermanentError(f"{s.line()}; see `kubectl -n {ns} logs {s.name}`")
@@ -217,39 +236,39 @@ class KubernetesBackend:
                 raise PermanentError(f"{s.line()}; {fix}")
             if no_matching_node(s) and not self._gpu_nodes_exist(h):
                 raise PermanentError(
-                    f"{s.line()}; no node has {h['gpu_label']} in {h['gpu_values']}: "
+                    f"{s.line()}; no node has {h.gpu_label} in {h.gpu_values}: "
                     "check the GPU type, or set kubernetes.gpu_products to this cluster's values"
                 )
-        if len(states) < h["expected_pods"]:
-            refused = [f"{name}: {msg}" for name in h["deployments"]
+        if len(states) < h.expected_pods:
+            refused = [f"{name}: {msg}" for name in h.deployments
                        if (msg := replica_failure(self.api.get("Deployment", name, ns) or {}))]
             if not refused:
-                refused = failed_create_events(self.api.list("Event", ns), tuple(h["deployments"]))
+                refused = failed_create_events(self.api.list("Event", ns), tuple(h.deployments))
             if refused:
                 raise PermanentError(
-                    f"the cluster refused to create the pods of {h['run']}: {refused[0]} (an admission "
+                    f"the cluster refused to create the pods of {h.run}: {refused[0]} (an admission "
                     f"policy: Pod Security level or a ResourceQuota of namespace {ns}; run in a namespace "
                     "that admits them or raise the quota)"
                 )
 
     def alive(self, deployment: Deployment) -> bool:
         """Every pod of the run is still Ready and none restarted since it became ready."""
-        h = deployment.handles
-        pods = self.api.list("Pod", h["namespace"], labels=h["run_selector"])
+        h = deployment.handles_as(KubeHandles)
+        pods = self.api.list("Pod", h.namespace, labels=h.run_selector)
         restarts = sum(int(cs.get("restartCount", 0)) for p in pods
                        for cs in (p.get("status") or {}).get("containerStatuses") or [])
-        return (len(pods) >= h["expected_pods"] and all(pod_state(p).ready for p in pods)
-                and restarts <= h.get("restarts_at_ready", restarts))
+        return (len(pods) >= h.expected_pods and all(pod_state(p).ready for p in pods)
+                and restarts <= (restarts if h.restarts_at_ready is None else h.restarts_at_ready))
 
-    def _gpu_nodes_exist(self, h: dict[str, Any]) -> bool:
-        values = ",".join(h["gpu_values"])
-        return bool(self.api.list("Node", labels=f"{h['gpu_label']} in ({values})"))
+    def _gpu_nodes_exist(self, h: KubeHandles) -> bool:
+        values = ",".join(h.gpu_values)
+        return bool(self.api.list("Node", labels=f"{h.gpu_label} in ({values})"))
 
     def _not_ready_message(self, deployment: Deployment, states: list[Any], deadline_s: float) -> str:
-        h = deployment.handles
-        events = warning_events(self.api.list("Event", h["namespace"]), {s.name for s in states})
+        h = deployment.handles_as(KubeHandles)
+        events = warning_events(self.api.list("Event", h.namespace), {s.name for s in states})
         lines = [s.line() for s in states if not s.ready] or ["no pods yet"]
-        msg = (f"{h['run']}: {sum(s.ready for s in states)}/{h['expected_pods']} pods ready after "
+        msg = (f"{h.run}: {sum(s.ready for s in states)}/{h.expected_pods} pods ready after "
                f"{deadline_s:.0f}s; " + "; ".join(lines))
         return msg + (f"; events: {' | '.join(events)}" if events else "")
 
@@ -268,7 +287,7 @@ class KubernetesBackend:
         products: set[str] = set()
         drivers: set[str] = set()
         pools: set[str] = set()
-        gpu_label = deployment.handles["gpu_label"]
+        gpu_label = deployment.handles_as(KubeHandles).gpu_label
         for name in sorted(nodes):
             labels = ((self.api.get("Node", name) or {}).get("metadata") or {}).get("labels") or {}
             if gpu_label in labels:
@@ -277,27 +296,27 @@ class KubernetesBackend:
             if not any(k in labels for k in DRIVER_LABELS[:1]) and DRIVER_LABELS[1] in labels:
                 drivers.add(labels[DRIVER_LABELS[1]])
             pools.update(f"{k}={labels[k]}" for k in NODE_POOL_LABELS if k in labels)
-        deployment.handles["restarts_at_ready"] = sum(
+        deployment.handles_as(KubeHandles).restarts_at_ready = sum(
             int(cs.get("restartCount", 0)) for p in pods for cs in (p.get("status") or {}).get("containerStatuses") or [])
         observed: dict[str, Any] = dict(nodes=nodes, images=set(images.values()), gpu_products=products,
                                         driver_versions=drivers, node_pools=pools)
         version = self._served_version(deployment, pods)
         if version:
-            path = ENGINES[deployment.handles.get("engine", "vllm")].version_path
+            path = ENGINES[deployment.handles_as(KubeHandles).engine].version_path
             observed.update(engine_version=version, engine_version_source=path)
         deployment.fingerprint = deployment.fingerprint.observed(**observed)
 
     def _served_version(self, deployment: Deployment, pods: list[dict[str, Any]]) -> str | None:
         """The engine's own version of a worker (vLLM's ``GET /version``, SGLang's
         ``GET /get_server_info``: its ``version``), through the API server's pod proxy."""
-        path = ENGINES[deployment.handles.get("engine", "vllm")].version_path
+        path = ENGINES[deployment.handles_as(KubeHandles).engine].version_path
         versions = set()
         for pod in pods:
             st = pod_state(pod)
             if st.role == "router":
                 continue
             try:
-                text = self.api.proxy_get(deployment.handles["namespace"], st.name, HTTP_PORT, path)
+                text = self.api.proxy_get(deployment.handles_as(KubeHandles).namespace, st.name, HTTP_PORT, path)
                 v = json.loads(text).get("version")
             except (OrchestratorError, ValueError, AttributeError):
                 continue
@@ -309,26 +328,26 @@ class KubernetesBackend:
         """Where the load goes: the router Service's cluster IP from inside the cluster, the
         fixed URL (an ingress) if given, else a port-forward of our own. From outside, the
         path's own round trip is measured before any point (the access_path guard reads it)."""
-        h = deployment.handles
+        h = deployment.handles_as(KubeHandles)
         ep = deployment.endpoint
         workers = [p for p in pods if pod_state(p).role != "router"]
         metrics = tuple(
             f"http://{(p.get('status') or {}).get('podIP')}:{HTTP_PORT}/metrics" for p in workers
         )
         url, mode = ep.url, "endpoint"
-        if h.get("use_service"):
-            svc = self.api.get("Service", h["router_service"], h["namespace"]) or {}
+        if h.use_service:
+            svc = self.api.get("Service", h.router_service, h.namespace) or {}
             ip = (svc.get("spec") or {}).get("clusterIP")
             if not ip or ip == "None":
-                raise TransientError(f"Service {h['namespace']}/{h['router_service']} has no cluster IP yet",
+                raise TransientError(f"Service {h.namespace}/{h.router_service} has no cluster IP yet",
                                      delay=5.0)
             url, mode = f"http://{ip}:{HTTP_PORT}", "service"
         elif not url:  # outside the cluster with no fixed URL: forward a local port to the router
             from orchestrator.backends.kubernetes.portforward import PortForward
 
             router = next(p for p in pods if pod_state(p).role == "router")
-            pf = PortForward(self.api.api_client, h["namespace"], router["metadata"]["name"], HTTP_PORT)
-            self._forwards[h["run"]] = pf
+            pf = PortForward(self.api.api_client, h.namespace, router["metadata"]["name"], HTTP_PORT)
+            self._forwards[h.run] = pf
             url, mode = pf.url, "port-forward"
         deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics)
         path: dict[str, Any] = {"mode": mode, "url": url}
@@ -342,28 +361,28 @@ class KubernetesBackend:
     def scrape(self, deployment: Deployment) -> dict[str, str]:
         """Prometheus text of every worker (port 8000) and the router (29000), fetched through
         the API server's pod proxy so it works from inside and outside the cluster."""
-        h = deployment.handles
+        h = deployment.handles_as(KubeHandles)
         out: dict[str, str] = {}
-        for pod in self.api.list("Pod", h["namespace"], labels=h["run_selector"]):
+        for pod in self.api.list("Pod", h.namespace, labels=h.run_selector):
             state = pod_state(pod)
             if not state.ready:
                 continue
             port = ROUTER_METRICS_PORT if state.role == "router" else HTTP_PORT
             ip = (pod.get("status") or {}).get("podIP")
-            out[f"http://{ip}:{port}/metrics"] = self.api.proxy_get(h["namespace"], state.name, port, "/metrics")
+            out[f"http://{ip}:{port}/metrics"] = self.api.proxy_get(h.namespace, state.name, port, "/metrics")
         return out
 
     # -- teardown and cleanup -------------------------------------------------------------
 
     def teardown(self, deployment: Deployment) -> None:
         """Delete the owner (dependents follow) and every object applied; idempotent."""
-        h = deployment.handles
-        pf = self._forwards.pop(h["run"], None)
+        h = deployment.handles_as(KubeHandles)
+        pf = self._forwards.pop(h.run, None)
         if pf is not None:
             pf.close()
-        for kind, name in reversed(h["objects"]):
+        for kind, name in reversed(h.objects):
             if kind != "Namespace":
-                self.api.delete(kind, name, h["namespace"])
+                self.api.delete(kind, name, h.namespace)
 
     def cleanup(self, experiment: str, final: bool = False) -> int:
         """Delete every object labelled with ``experiment`` in the namespaces it may use;

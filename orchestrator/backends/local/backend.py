@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from orchestrator.backends.http import scrape_urls
 from orchestrator.backends.local.commands import HOST, TASKSET, ArmLayout, render_arm
 from orchestrator.backends.local.device import Device
 from orchestrator.backends.local.settings import LocalSettings
-from orchestrator.backends.processes import ProcessBackend, free_port
+from orchestrator.backends.processes import ProcessBackend, ProcessHandles, free_port
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.engines import ENGINES
 from orchestrator.errors import EnvironmentProblem, PermanentError
@@ -27,6 +28,15 @@ from orchestrator.plan.arms import ENGINE_NAMES
 ROUTER_NAMES = {"vllm": "vllm-router", "sglang": "sglang_router"}
 
 _log = logs.get_logger(__name__)
+
+
+@dataclass
+class LocalHandles(ProcessHandles):
+    """A local arm's processes, and the engines' and router's URLs (each health-checked)."""
+
+    engines: list[str] = field(default_factory=list)
+    router: str = ""
+    kv_dir: str | None = None  # a storage-based KV connector's shared folder
 
 
 class LocalBackend(ProcessBackend):
@@ -146,17 +156,17 @@ class LocalBackend(ProcessBackend):
             endpoint=Endpoint(url=layout.router.url, model=layout.served_model,
                               metrics_urls=layout.metrics_urls),
             fingerprint=self.fingerprint(spec, layout),
-            handles={"procs": procs, "engines": [e.url for e in layout.engines],
-                     "router": layout.router.url, "kv_dir": layout.kv_dir},
+            handles=LocalHandles(procs, spec.engine.kind, engines=[e.url for e in layout.engines],
+                                 router=layout.router.url, kv_dir=layout.kv_dir),
         )
 
     # -- ready / scrape ------------------------------------------------------------------------
     def ready(self, deployment: Deployment, deadline_s: float) -> None:
         """Every engine's /health, then the router's, then the one readiness check."""
-        h = deployment.handles
+        h = deployment.handles_as(LocalHandles)
         wait_until_serving(
             deployment.endpoint, deadline_s, f"local arm {deployment.key.arm}",
-            health_urls=[*h.get("engines", []), h.get("router", deployment.endpoint.url)],
+            health_urls=[*h.engines, h.router],
             checks=lambda: self.exited_check(deployment), poll_s=0.5,
         )
 

@@ -26,7 +26,7 @@ kube-proxy, on loopback, so the Kubernetes backend's real code path runs against
         backend = KubernetesBackend(api=cluster.kube_api(), poll_s=0.1)   # or KUBECONFIG=cluster.kubeconfig
         dep = backend.deploy(plan, "B", RunKey(plan.name, "B", 0))       # plan: kubernetes.access service
         backend.ready(dep, deadline_s=45)                                # or auto: port-forward works too
-        cluster.kill_role(dep.handles["namespace"], "decode")            # restartCount 1, exit 137
+        cluster.kill_role(dep.handles.namespace, "decode")            # restartCount 1, exit 137
         cluster.inject_fault("PATCH", "/deployments/", 409, times=2)     # then cluster.requests("PATCH", ...)
         cluster.reject_pods("quota"); cluster.fail_image_pull(times=3); cluster.taint_node("h200-1", "k", "v")
         backend.teardown(dep)
