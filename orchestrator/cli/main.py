@@ -68,6 +68,18 @@ def _register(argv: list[str] | None = None) -> None:
         importlib.import_module(f"orchestrator.cli.{name}")
 
 
+def database_problem(e: BaseException) -> str | None:
+    """One line for a database driver's error as SQLAlchemy raises it (None: not one): the
+    environment's problem (exit 2), never a traceback."""
+    if not type(e).__module__.startswith("sqlalchemy"):
+        return None
+    text = (str(getattr(e, "orig", None) or e).strip().splitlines() or [type(e).__name__])[0]
+    if "database is locked" in text:
+        return ("the SQLite database is locked: another process held a write longer than the wait "
+                "(10 s); retry when it is done, or use PostgreSQL (ORCH_DATABASE_URL) for concurrent use")
+    return f"the database refused the command: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run `orch`; returns (and exits with) the exit code."""
     debug = os.environ.get("ORCH_DEBUG") == "1"
@@ -107,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         code = 130
+    except Exception as e:  # a database error no layer turned into one of ours: one line
+        said = database_problem(e)
+        if debug or said is None:
+            raise
+        sys.stderr.write(f"error: {said}\n")
+        code = 2
     if (stopped := terminated_by()) is not None:  # typer returns 130 for any KeyboardInterrupt
         sys.stderr.write(f"terminated ({stopped.signame}): stopped what this command started; "
                          "`orch run` of the same plan resumes an experiment\n")

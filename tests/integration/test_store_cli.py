@@ -130,3 +130,24 @@ def test_capacity_filters_external_arms_without_a_layout_label(sqlite_url: str, 
     assert [(row["layout"], row["median"]) for row in json.loads(r.stdout)["rows"]] == [("external", 950.0)]
     bad = orch("capacity", "--layout", "sideways", env={"ORCH_DATABASE_URL": sqlite_url})
     assert bad.returncode == 1 and "colocated, disaggregated or external" in bad.stderr
+
+
+def test_a_locked_sqlite_file_is_one_line(tmp_path: Path, orch) -> None:
+    """Issue 30: another process holding the SQLite file's write lock longer than the busy
+    wait is the environment's problem: one line naming it and the remedy, exit 2."""
+    import sqlite3
+
+    db = tmp_path / "orch.sqlite"
+    env = {"ORCH_DATABASE_URL": f"sqlite:///{db}"}
+    assert orch("plan", "register", "examples/quickstart.yaml", env=env).returncode == 0
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")  # what a long write of another process holds
+        r = orch("plan", "register", "examples/three-arms.yaml", env=env)
+    finally:
+        holder.close()
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "database is locked" in lines[0] and "PostgreSQL" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert orch("plan", "register", "examples/three-arms.yaml", env=env).returncode == 0  # nothing lost
