@@ -16,6 +16,7 @@ from yaml.composer import ComposerError
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
 from orchestrator.plan.experiment import SECTION_TYPES, Plan, arm_names_problem, cross_check
+from orchestrator.plan.sources import DataFileError, open_regular, source_stats
 
 SCHEMA_VERSION = 1
 
@@ -32,8 +33,10 @@ def load_plan_file(path: str | Path) -> Plan:
     """Read and validate a plan file; raises PlanError (or UserError if it cannot be read)."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
+        with open_regular(p) as f:  # a FIFO, device or /proc file is refused, never read
             raw = f.read(MAX_PLAN_BYTES + 1)
+    except DataFileError as e:
+        raise PlanError([Problem(str(p), f"cannot read the plan: {e}")]) from None
     except OSError as e:
         raise PlanError([Problem(str(p), f"cannot read the plan: {e.strerror or e}")]) from None
     if len(raw) > MAX_PLAN_BYTES:
@@ -43,7 +46,14 @@ def load_plan_file(path: str | Path) -> Plan:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise PlanError([Problem(str(p), f"not UTF-8 text (byte {e.start}); a plan is a YAML or JSON text file", line)]) from None
-    return load_plan_text(text, source=str(p))
+    plan = load_plan_text(text, source=str(p))
+    src = plan.workload.source
+    if src is not None:  # its records read and checked now, not after engines are deployed
+        try:
+            source_stats(src)
+        except DataFileError as e:
+            raise PlanError([Problem("workload.source.path", str(e))]) from None
+    return plan
 
 
 class _PlanLoader(yaml.SafeLoader):

@@ -19,7 +19,10 @@ file is a different plan, and a run refuses a file whose hash no longer matches.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -75,23 +78,68 @@ class DataFileError(ValueError):
     """A data file that is missing, too large or not in its format (one line says why)."""
 
 
+# Not data a plan may name: kernel and device files (a /proc file says size 0 and never ends,
+# a FIFO or a device blocks the reader). Refused by where they resolve to and by their type.
+SPECIAL_ROOTS = ("/proc/", "/sys/", "/dev/")
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: str | Path) -> io.BufferedReader:
+    """Open a file the user named for reading, refusing anything but a regular file before a
+    byte is read: opened non-blocking (a FIFO does not hang the open), its type read from the
+    open file (no race with a swapped path), kernel and device trees refused by where the path
+    resolves. Raises DataFileError with one line."""
+    real = os.path.realpath(path)
+    if real.startswith(SPECIAL_ROOTS) or real in ("/proc", "/sys", "/dev"):
+        raise DataFileError(f"{path} is a kernel or device file ({real}), not a data file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise DataFileError(f"no such file: {path} (paths are relative to the working directory)") from None
+    except OSError as e:
+        raise DataFileError(f"cannot read {path}: {e.strerror or e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise DataFileError(f"{path} is {kind}, not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, at most ``limit`` (counted while reading: a file's stated size is
+    not trusted)."""
+    with open_regular(path) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise DataFileError(f"{path} is larger than {_size(limit)}")
+    return raw
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 def file_sha256(path: str | Path) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise DataFileError(f"no such file: {path} (paths are relative to the working directory)")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise DataFileError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB")
-    h = hashlib.sha256()
-    with p.open("rb") as f:
+    h, n = hashlib.sha256(), 0
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
+            n += len(chunk)
+            if n > MAX_FILE_BYTES:
+                raise DataFileError(f"{path} is larger than {_size(MAX_FILE_BYTES)}")
             h.update(chunk)
     return h.hexdigest()
 
 
 def _lines(path: str | Path) -> list[dict]:
-    file_sha256(path)  # exists, bounded
     out: list[dict] = []
-    with Path(path).open(encoding="utf-8") as f:
+    try:
+        text = read_bounded(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    with io.StringIO(text) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
