@@ -16,7 +16,7 @@ from yaml.composer import ComposerError
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
 from orchestrator.plan.experiment import SECTION_TYPES, Plan, arm_names_problem, cross_check
-from orchestrator.plan.sources import DataFileError, open_regular, source_stats
+from orchestrator.plan.sources import DataFileError, open_regular, read_bounded, source_stats
 
 SCHEMA_VERSION = 1
 
@@ -47,13 +47,33 @@ def load_plan_file(path: str | Path) -> Plan:
         line = raw[: e.start].count(b"\n") + 1
         raise PlanError([Problem(str(p), f"not UTF-8 text (byte {e.start}); a plan is a YAML or JSON text file", line)]) from None
     plan = load_plan_text(text, source=str(p))
-    src = plan.workload.source
-    if src is not None:  # its records read and checked now, not after engines are deployed
+    problems = _named_files_problems(plan)
+    if problems:
+        raise PlanError(problems)
+    return plan
+
+
+def _named_files_problems(plan: Plan) -> list[Problem]:
+    """The files a plan names, read and checked now (a plan file is the user's: its data must
+    be there), not after engines are deployed: a data source's records, a tokenizer file."""
+    out: list[Problem] = []
+    src, tok = plan.workload.source, plan.workload.tokenizer
+    if src is not None:
         try:
             source_stats(src)
         except DataFileError as e:
-            raise PlanError([Problem("workload.source.path", str(e))]) from None
-    return plan
+            out.append(Problem("workload.source.path", str(e)))
+    if tok is not None and tok.file is not None:
+        from tokenizers import Tokenizer  # only for a plan that names a tokenizer file
+
+        try:
+            Tokenizer.from_str(read_bounded(tok.file).decode("utf-8", errors="replace"))
+        except DataFileError as e:
+            out.append(Problem("workload.tokenizer.file", str(e)))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own type
+            out.append(Problem("workload.tokenizer.file", f"{tok.file} is not a tokenizer.json the tokenizers "
+                                                          f"library loads: {str(e).splitlines()[0][:200]}"))
+    return out
 
 
 class _PlanLoader(yaml.SafeLoader):

@@ -105,3 +105,14 @@ def test_the_read_bound_is_counted_not_taken_from_the_stated_size(tmp_path: Path
         read_bounded(f, limit=999)
     with pytest.raises(DataFileError, match="a directory"):
         file_sha256(tmp_path)
+
+
+def test_a_tokenizer_file_that_is_not_a_tokenizer_fails_at_validation(tmp_path: Path) -> None:
+    """Issue 32: `tokenizer.file` naming something the tokenizers library cannot load is found
+    at `plan validate`, not after an arm is deployed."""
+    bogus = tmp_path / "tokenizer.json"
+    bogus.write_text('{"not": "a tokenizer"}')
+    e = _load_within(_write(tmp_path, {"prompts": {"input_tokens": {"mean": 100}}, "output_tokens": 16,
+                                       "tokenizer": {"file": str(bogus)}}))
+    ((where, message),) = _problems(e)
+    assert where == "workload.tokenizer.file" and "not a tokenizer.json" in message
