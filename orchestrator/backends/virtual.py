@@ -63,6 +63,9 @@ class Faults:
     stall_ms: float = 0.0
     die_after: int = 0  # the server exits after this many requests (0: never)
     frozen_output: bool = False
+    # The served tokenizer counts each prompt this many times longer (a BPE tokenizer splitting
+    # the generator's words; 0: the asked length, as the sim server's one-word-one-token).
+    prompt_token_factor: float = 0.0
 
     @classmethod
     def from_flags(cls, flags: Sequence[str]) -> Faults:
@@ -295,7 +298,8 @@ class VirtualDriver:
                 rec.status, rec.error = "cancelled", CANCELLED
                 rec.first_token_s = rec.last_token_s = None
                 continue
-            rec.server_prompt_tokens = spec.prompt_tokens
+            rec.server_prompt_tokens = (round(spec.prompt_tokens * st.faults.prompt_token_factor)
+                                        if st.faults.prompt_token_factor else spec.prompt_tokens)
             if rec.last_token_s is not None and rec.last_token_s - rec.scheduled_s > request_timeout_s:
                 rec.status, rec.error, rec.last_token_s = "timeout", "request timed out", None
             if st.faults.frozen_output:

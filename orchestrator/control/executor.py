@@ -402,6 +402,11 @@ class Executor:
         self._check_server(dep, p)
         if not p.valid:
             failed = "; ".join(f"{g.name} ({_fmt(g.value)} vs {_fmt(g.threshold)}): {g.detail}" for g in p.failed_guards)
+            if any(g.name in DETERMINISTIC_GUARDS for g in p.failed_guards):
+                # The same prompts under the same tokenizer on every attempt: a retry fails alike.
+                raise PermanentError(f"guard failed at {label}: {failed}. The prompts' lengths are the plan's "
+                                     "and the served tokenizer's: no retry changes them; name the served model's "
+                                     "tokenizer (workload.tokenizer) or give the lengths the server counts")
             raise RunInvalid(f"guard failed at {label}: {failed}")
         return p
 
@@ -470,6 +475,11 @@ class Executor:
             self.store.record_guards(r.id, None, [result])
         if not result.passed:
             self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
+
+
+# Guards whose failure is decided by the plan and the served model alone, not by the run: a
+# retry would measure the same failure (issue 32), so the experiment stops with the remedy.
+DETERMINISTIC_GUARDS = frozenset({"prompt_length"})
 
 
 def _near(points: dict[float, list[PointOutcome]], rate: float) -> bool:

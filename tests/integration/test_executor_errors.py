@@ -103,3 +103,29 @@ def test_a_transient_error_is_retried_after_its_delay(store: Store, tmp_path: Pa
     assert "TransientError" in (first.invalid_reason or "") and "503" in (first.invalid_reason or "")
     assert second.status == "done" and second.valid, second.invalid_reason
     assert any(r.valid for (arm, _), r in runs.items() if arm == "B")
+
+
+def test_a_prompt_length_mismatch_is_not_retried(store: Store, tmp_path: Path) -> None:
+    """Issue 32: the server counting the prompts 1.5 times longer than asked (a BPE tokenizer
+    under the generator's words) fails the prompt_length guard the same way on every attempt,
+    so the first failure stops the experiment with the remedy; no retry is spent. In virtual
+    time: no socket, no process."""
+    plan = small_plan(name="prompt-mismatch", search=SHORT_SEARCH, design=DESIGN)
+    backend = VirtualBackend(faults={("A", 0, 0): ["--fault-prompt-token-factor", "1.5"]})
+    executor = Executor(store, backend, ExecutorConfig(state_dir=tmp_path / "state"), PlainProgress())
+    with pytest.raises(PermanentError, match="prompt_length") as err:
+        executor.run(plan)
+    assert "workload.tokenizer" in str(err.value)
+    (exp,) = store.list_experiments()
+    runs = store.runs(exp.id)
+    assert [(r.arm, r.attempt, r.status) for r in runs] == [("A", 0, "failed")], runs
+    assert "prompt_length" in (runs[0].invalid_reason or "")
+
+
+def test_without_the_fault_the_same_plan_runs(store: Store, tmp_path: Path) -> None:
+    """The control of the test above: the same plan and backend with no fault passes the guard."""
+    plan = small_plan(name="prompt-match", search=SHORT_SEARCH, design=DESIGN)
+    out = Executor(store, VirtualBackend(), ExecutorConfig(state_dir=tmp_path / "state"), PlainProgress()).run(plan)
+    runs = store.runs(out.experiment_id)
+    assert {r.arm for r in runs} == {"A", "B"}
+    assert all(g.passed for r in runs for g in store.guard_results(r.id) if g.name == "prompt_length")
