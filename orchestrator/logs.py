@@ -24,6 +24,8 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from orchestrator.secrets import scrub
+
 ROOT = "orchestrator"
 ENV = "ORCH_LOG_LEVEL"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -99,7 +101,7 @@ class LineFormatter(logging.Formatter):
         self.detailed = detailed
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = scrub(super().format(record))
         if not self.detailed:
             return line
         ctx = " ".join(f"{k} {getattr(record, k)}" for k in FIELDS

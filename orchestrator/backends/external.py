@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator import logs
+from orchestrator import logs, secrets
 from orchestrator.backends.base import (
     QUICK_START_BUDGET_S,
     Deployment,
@@ -55,6 +55,7 @@ def resolve_headers(endpoint: ExternalEndpoint, arm: str, env: Mapping[str, str]
                 f"{source.env}, which is not set: export {source.env}=... before the run"
             )
         out[name] = f"{source.scheme} {value}" if source.scheme else value
+        secrets.register(value)  # scrubbed from every text stored, printed or logged
     return out
 
 

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
 
 from orchestrator.cli.apps import app
 from orchestrator.errors import OrchestratorError, UserError, stop_on_signals, terminated_by
+from orchestrator.secrets import scrub
 
 # Each module attaches its commands to the apps in `apps`; listed here so `orch --help` is
 # complete and stable.
@@ -102,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         for line in e.problems:
-            sys.stderr.write(f"{line}\n")
+            sys.stderr.write(f"{scrub(line)}\n")
         code = e.exit_code
     except OrchestratorError as e:
         if debug:
             raise
-        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.write(f"error: {scrub(str(e))}\n")
         code = e.exit_code
     except OSError as e:  # a path the user gave (--out under a file, /proc) or a broken pipe
         if debug:
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         said = database_problem(e)
         if debug or said is None:
             raise
-        sys.stderr.write(f"error: {said}\n")
+        sys.stderr.write(f"error: {scrub(said)}\n")
         code = 2
     if (stopped := terminated_by()) is not None:  # typer returns 130 for any KeyboardInterrupt
         sys.stderr.write(f"terminated ({stopped.signame}): stopped what this command started; "

@@ -7,7 +7,7 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import sqlalchemy.exc
 from orchestrator import logs
 from orchestrator.errors import EnvironmentProblem, TransientError
 from orchestrator.records import RequestRecord
+from orchestrator.secrets import scrub
 from orchestrator.store.ingest import DuplicateRequestRecords
 from orchestrator.store.protocol import StoreLike
 
@@ -51,7 +52,8 @@ class SpoolingSink:
         self._lock = threading.Lock()
 
     def __call__(self, batch: list[RequestRecord]) -> None:
-        self.write(list(batch))
+        # A server's error text may echo a request's key: scrubbed before it is spooled or stored.
+        self.write([replace(r, error=scrub(r.error)) if r.error else r for r in batch])
 
     def write(self, batch: Sequence[RequestRecord]) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from orchestrator.errors import EnvironmentProblem, UserError
 from orchestrator.outcomes import CENSORING, VERDICTS
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
+from orchestrator.secrets import scrub, scrub_value
 from orchestrator.store import database, summaries
 from orchestrator.store.appendonly import maintenance, run_digest
 from orchestrator.store.history_api import HistoryQueries
@@ -327,7 +328,8 @@ class Store(HistoryQueries):
             if row is None:
                 raise NotFound(f"no run with id {run_id}")
             row.digest = run_digest(s, run_id)
-            row.status, row.valid, row.invalid_reason = status, bool(valid), invalid_reason
+            row.status, row.valid = status, bool(valid)
+            row.invalid_reason = None if invalid_reason is None else scrub(invalid_reason)
             row.fingerprint = fp
             for key in ("engine_version", "image_digest", "gpu_type", "driver"):
                 if fp.get(key) is not None:
@@ -427,7 +429,8 @@ class Store(HistoryQueries):
 
     def ingest_requests(self, point_id: int, records: Iterable[RequestRecord]) -> int:
         """Append a batch of a point's request records (COPY on PostgreSQL). Returns the count."""
-        return ingest_requests(self.engine, point_id, records, self.fence)
+        clean = (dataclasses.replace(r, error=scrub(r.error)) if r.error else r for r in records)
+        return ingest_requests(self.engine, point_id, clean, self.fence)
 
     def requests(self, point_id: int) -> list[RequestRecord]:
         """A point's request records, as they were ingested."""
@@ -443,7 +446,7 @@ class Store(HistoryQueries):
             rows.append(GuardResultRow(
                 run_id=run_id, point_id=point_id, name=name, passed=bool(passed),
                 value=None if value is None else float(value),
-                threshold=None if threshold is None else float(threshold), detail=detail or "",
+                threshold=None if threshold is None else float(threshold), detail=scrub(detail or ""),
             ))
         with self._sessions.begin() as s:
             s.add_all(rows)
@@ -514,8 +517,9 @@ class Store(HistoryQueries):
             raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
         values = dict(
             registration_id=registration_id, verdict=verdict, estimate=estimate, lower=lower,
-            upper=upper, blocks=int(blocks), judged_at=utcnow(), label=label or None, note=note or None,
-            evidence=None if evidence is None else _plain(dict(evidence)),
+            upper=upper, blocks=int(blocks), judged_at=utcnow(), label=label or None,
+            note=scrub(note) if note else None,
+            evidence=None if evidence is None else scrub_value(_plain(dict(evidence))),
         )
         with self._sessions.begin() as s:
             exp = s.get(Experiment, experiment_id)

@@ -43,6 +43,7 @@ class FaultConfig:
     cache_hits: bool = False
     fault_everything: bool = False  # faults on the readiness test completion too
     api_key: str | None = None  # require `Authorization: Bearer <key>`
+    echo_auth: bool = False  # streamed requests fail with a 500 whose body echoes the request's key
     version: str | None = None  # GET /version and a vllm:build_info label
     server_header: str = "fault-server/1.0"
 
@@ -162,6 +163,11 @@ class FaultServer:
             prompt = str(body.get("prompt", ""))
         stream = bool(body.get("stream"))
         faulty = stream or cfg.fault_everything
+        if faulty and cfg.echo_auth:  # what a careless proxy's error page does
+            self.received += 1
+            sent = request.headers.get("Authorization", "").split()[-1:]
+            return web.json_response({"error": f"upstream refused the key {' '.join(sent)} for this route"},
+                                     status=500)
         self.received += 1
         number = self.received
         if stream:
