@@ -1,5 +1,5 @@
 """A whole experiment through `orch run --backend kubernetes`, as a user runs it, on the emulated
-cluster (tests/support/kcluster): the official client reaches the emulated API server through
+cluster (orchestrator/kcluster/): the official client reaches the emulated API server through
 KUBECONFIG, pods land on labelled H200 nodes, their vLLM containers run as simulated engines
 and the router as the real vllm-router discovering its workers through the API. Blocks run to
 a stored verdict, and the run leaves no object and no process behind. Real time with the plan's

@@ -1,5 +1,5 @@
 """`orch submit` runs the quickstart experiment through the Ray controller on the emulated
-cluster (tests/support/kcluster), and survives the controller being killed mid-run.
+cluster (orchestrator/kcluster/), and survives the controller being killed mid-run.
 
 A real local Ray head declares the H200 pool as a Ray resource and runs with the cluster's
 KUBECONFIG in its environment, so the controller's experiment task (a Ray worker) builds the

@@ -85,7 +85,7 @@ class TestExternalBackend(BackendSuite):
 
 
 # -- kubernetes -----------------------------------------------------------------------------
-# On the emulated cluster (tests/support/kcluster): kmock as the API server, plus a scheduler,
+# On the emulated cluster (orchestrator/kcluster/): kmock as the API server, plus a scheduler,
 # controllers, a kubelet that starts `orch sim serve` for each vLLM container and the real
 # vllm-router for the router, and kube-proxy on loopback clusterIPs. The backend reaches the
 # router through its Service's clusterIP, reserved before the deploy (ORCH_K8S_ENDPOINT's path).

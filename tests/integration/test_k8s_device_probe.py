@@ -1,4 +1,4 @@
-"""`orch device probe --kubernetes` against the emulated cluster (tests/support/kcluster).
+"""`orch device probe --kubernetes` against the emulated cluster (orchestrator/kcluster/).
 
 `orch` runs as a user runs it (a subprocess with KUBECONFIG): the official client creates the
 ConfigMap and the Job through the emulated API server, the Job controller makes its pod, the

@@ -1,4 +1,4 @@
-"""The emulated Kubernetes cluster (tests/support/kcluster) under today's KubernetesBackend.
+"""The emulated Kubernetes cluster (orchestrator/kcluster/) under today's KubernetesBackend.
 
 The backend's real code path runs against it: the official client over HTTP to the emulated
 API server, pods scheduled on labelled GPU nodes, simulated vLLM engines and the real
@@ -295,8 +295,8 @@ def test_model_cache_claim_missing_then_present(kcluster: EmulatedCluster) -> No
 
 
 def test_gke_gpu_taint_is_tolerated_and_a_bare_key_toleration_is_not() -> None:
+    from orchestrator.kcluster.scheduler import tolerates
     from orchestrator.plan.kubernetes import Toleration
-    from tests.support.kcluster.scheduler import tolerates
 
     nodes = [gpu_node("h200-1", taints=[GKE_GPU_TAINT]), gpu_node("h200-2", taints=[GKE_GPU_TAINT]), cpu_node()]
     with EmulatedCluster(nodes=nodes) as cluster:
@@ -573,7 +573,7 @@ def test_timings_are_short(kcluster: EmulatedCluster) -> None:
 
 def test_vllm_command_lines_are_read_as_vllm_reads_them() -> None:
     from orchestrator.backends.kubernetes.render import vllm_args
-    from tests.support.kcluster.containers import ContainerError, vllm_launch
+    from orchestrator.kcluster.containers import ContainerError, vllm_launch
 
     plan = _plan(engine={"kv_cache_dtype": "fp8", "max_num_seqs": 48})
     node = {"metadata": {"labels": {"nvidia.com/gpu.product": H100}}}

@@ -26,12 +26,12 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.support.kcluster.objects import RESOURCES, ApiError, now
-from tests.support.kcluster.scheduler import schedule, untolerated_taint
-from tests.support.kcluster.selectors import quantity
+from orchestrator.kcluster.objects import RESOURCES, ApiError, now
+from orchestrator.kcluster.scheduler import schedule, untolerated_taint
+from orchestrator.kcluster.selectors import quantity
 
 if TYPE_CHECKING:
-    from tests.support.kcluster.cluster import EmulatedCluster
+    from orchestrator.kcluster.cluster import EmulatedCluster
 
 Obj = dict[str, Any]
 SAFE = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.SafeEncodeString's alphabet
@@ -122,7 +122,7 @@ def merge_conditions(old: list[Obj], new: list[Obj], with_update_time: bool = Fa
             c["lastTransitionTime"] = stamp
         if with_update_time:
             same = prev is not None and all(prev.get(k) == c.get(k) for k in ("status", "reason", "message"))
-            c["lastUpdateTime"] = prev.get("lastUpdateTime", stamp) if same else stamp
+            c["lastUpdateTime"] = prev.get("lastUpdateTime", stamp) if prev is not None and same else stamp
         out.append(c)
     return out
 

@@ -14,7 +14,7 @@ import aiohttp.web
 import kmock
 import yaml
 
-from tests.support.kcluster.selectors import (
+from orchestrator.kcluster.selectors import (
     matches_labels,
 )
 

@@ -13,21 +13,20 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import kmock
-import pytest
 import yaml
 
-from tests.support.kcluster.apiserver import ApiServer
-from tests.support.kcluster.controllers import Controllers
-from tests.support.kcluster.kubelet import IpPool, Kubelet
-from tests.support.kcluster.objects import KIND_TO_PLURAL, RESOURCES, Fault, now
-from tests.support.kcluster.proxy import KubeProxy
-from tests.support.kcluster.selectors import matches_labels
+from orchestrator.kcluster.apiserver import ApiServer
+from orchestrator.kcluster.controllers import Controllers
+from orchestrator.kcluster.kubelet import IpPool, Kubelet
+from orchestrator.kcluster.objects import KIND_TO_PLURAL, RESOURCES, Fault, now
+from orchestrator.kcluster.proxy import KubeProxy
+from orchestrator.kcluster.selectors import matches_labels
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -309,9 +308,15 @@ class EmulatedCluster:
             self.remove_node(n)
         return names
 
+    def _node(self, name: str) -> Obj:
+        node = self.apiserver.obj_get("nodes", None, name)
+        if node is None:
+            raise KeyError(f"no node {name}")
+        return node
+
     def taint_node(self, name: str, key: str, value: str = "", effect: str = "NoSchedule") -> None:
         def do() -> None:
-            node = copy.deepcopy(self.apiserver.obj_get("nodes", None, name))
+            node = copy.deepcopy(self._node(name))
             taints = [t for t in node["spec"].get("taints") or [] if not (t["key"] == key and t["effect"] == effect)]
             node["spec"]["taints"] = [*taints, {"key": key, "value": value, "effect": effect}]
             self.apiserver.obj_put(node, "nodes")
@@ -320,7 +325,7 @@ class EmulatedCluster:
 
     def untaint_node(self, name: str, key: str) -> None:
         def do() -> None:
-            node = copy.deepcopy(self.apiserver.obj_get("nodes", None, name))
+            node = copy.deepcopy(self._node(name))
             node["spec"]["taints"] = [t for t in node["spec"].get("taints") or [] if t["key"] != key]
             self.apiserver.obj_put(node, "nodes")
 
@@ -544,20 +549,6 @@ def _group_members(pgid: int) -> list[int]:
     from orchestrator.backends.processes import group_members
 
     return group_members(pgid)
-
-
-def cluster_fixture(name: str = "kcluster", scope: str = "function", **kwargs: Any) -> Any:
-    """A pytest fixture yielding a running ``EmulatedCluster(**kwargs)``; it asserts on teardown that
-    no process the cluster started is left. Usage, at module level:
-    ``kcluster = cluster_fixture(nodes=[gpu_node("h200-1"), cpu_node()])``."""
-
-    @pytest.fixture(name=name, scope=scope)  # type: ignore[call-overload]
-    def _fixture() -> Iterator[EmulatedCluster]:
-        with EmulatedCluster(**kwargs) as cluster:
-            yield cluster
-        assert not cluster.live_processes(), f"processes left: {cluster.live_processes()}"
-
-    return _fixture
 
 
 def loopback_ok(cidr: str) -> bool:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from tests.support.kcluster.containers import (
+from orchestrator.kcluster.containers import (
     ContainerError,
     Launch,
     MountPending,
@@ -42,10 +42,10 @@ from tests.support.kcluster.containers import (
     router_launch,
     vllm_launch,
 )
-from tests.support.kcluster.objects import now
+from orchestrator.kcluster.objects import now
 
 if TYPE_CHECKING:
-    from tests.support.kcluster.cluster import EmulatedCluster
+    from orchestrator.kcluster.cluster import EmulatedCluster
 
 Obj = dict[str, Any]
 REAL_BACKOFF_S = (10, 20, 40, 80, 160, 300)

@@ -18,9 +18,9 @@ kube-proxy, on loopback, so the Kubernetes backend's real code path runs against
 - kube-proxy (``proxy``): a clusterIP (127.96.0.0/16) per non-headless Service, relaying TCP to
   ready pods.
 
-``EmulatedCluster`` (``cluster``) ties them together; ``cluster_fixture`` makes a pytest fixture.
+``EmulatedCluster`` (``cluster``) ties them together; ``tests/support/kcluster.py`` makes it a pytest fixture; ``orch k8s emulate`` runs it for a user.
 
-    from tests.support.kcluster import EmulatedCluster, cpu_node, gpu_node
+    from orchestrator.kcluster import EmulatedCluster, cpu_node, gpu_node
 
     with EmulatedCluster(nodes=[gpu_node("h200-1"), gpu_node("h200-2"), cpu_node()]) as cluster:
         backend = KubernetesBackend(api=cluster.kube_api(), poll_s=0.1)   # or KUBECONFIG=cluster.kubeconfig
@@ -37,19 +37,18 @@ pods 127.77.0.0/16, clusterIPs 127.96.0.0/16, node addresses 127.78.0.0/16; an a
 something already listens (another cluster on the machine) is skipped.
 """
 
-from tests.support.kcluster.cluster import (
+from orchestrator.kcluster.cluster import (
     GKE_GPU_TAINT,
     GPU_TAINT,
     POD_SECURITY,
     QUOTA,
     EmulatedCluster,
     NodeSpec,
-    cluster_fixture,
     cpu_node,
     default_nodes,
     gpu_node,
     loopback_ok,
 )
 
-__all__ = ["GKE_GPU_TAINT", "GPU_TAINT", "POD_SECURITY", "QUOTA", "EmulatedCluster", "NodeSpec", "cluster_fixture",
+__all__ = ["GKE_GPU_TAINT", "GPU_TAINT", "POD_SECURITY", "QUOTA", "EmulatedCluster", "NodeSpec",
            "cpu_node", "default_nodes", "gpu_node", "loopback_ok"]

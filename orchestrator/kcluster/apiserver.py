@@ -43,7 +43,7 @@ import attrs
 import jsonpatch
 import kmock
 
-from tests.support.kcluster.objects import (
+from orchestrator.kcluster.objects import (
     GENERATION_KINDS,
     KIND_TO_PLURAL,
     RESOURCES,
@@ -64,7 +64,7 @@ from tests.support.kcluster.objects import (
     parse_route,
     watch_event,
 )
-from tests.support.kcluster.selectors import parse_field_selector, parse_label_selector
+from orchestrator.kcluster.selectors import parse_field_selector, parse_label_selector
 
 
 @dataclass
@@ -241,10 +241,10 @@ class ApiServer(kmock.KubernetesEmulator):
                            f"namespace {ns} because it is being terminated")
 
     def _defaults(self, plural: str, obj: Obj) -> None:
-        spec = obj.setdefault("spec", {}) if plural not in ("configmaps", "secrets", "events",
-                                                            "serviceaccounts", "roles", "rolebindings",
-                                                            "clusterroles", "clusterrolebindings",
-                                                            "endpoints") else None
+        spec: Any = obj.setdefault("spec", {}) if plural not in ("configmaps", "secrets", "events",
+                                                                 "serviceaccounts", "roles", "rolebindings",
+                                                                 "clusterroles", "clusterrolebindings",
+                                                                 "endpoints") else None
         if plural == "namespaces":
             spec.setdefault("finalizers", ["kubernetes"])
             obj["status"] = {"phase": "Active"}
@@ -357,7 +357,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 params["fieldSelector"] = f"metadata.name={route.name}"
                 return await self._watch(request, route, params)
             if obj is None:
-                raise not_found(res, route.name)
+                raise not_found(res, route.name or "")
             return aiohttp.web.json_response(obj)
         if method == "DELETE":
             body = body_of(request, default={})
@@ -371,7 +371,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if method == "PUT":
             body = body_of(request)
             if obj is None:
-                raise not_found(res, route.name)
+                raise not_found(res, route.name or "")
             rv = (body.get("metadata") or {}).get("resourceVersion")
             if rv and rv != obj["metadata"]["resourceVersion"]:
                 raise conflict(res, route.name)
@@ -434,6 +434,7 @@ class ApiServer(kmock.KubernetesEmulator):
                         initial.append(ev)
         self.store.watchers.append(w)
         raw = request._raw_request
+        assert raw is not None  # kmock keeps the aiohttp request of every HTTP call
         resp = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         timeout = float(params.get("timeoutSeconds") or 1800)
@@ -480,7 +481,7 @@ class ApiServer(kmock.KubernetesEmulator):
                                f"({meta.get('name')}) does not match the name on the URL ({route.name})")
             if route.sub == "status":
                 if obj is None:
-                    raise not_found(res, route.name)
+                    raise not_found(res, route.name or "")
                 new = copy.deepcopy(obj)
                 new["status"] = merge_patch(obj.get("status") or {}, body.get("status") or {})
                 return self.obj_put(new, res.plural)
@@ -492,7 +493,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 return self.obj_create(body, res.plural)
             return self.obj_put(self._merged(obj, body, replace=True), res.plural)
         if obj is None:
-            raise not_found(res, route.name)
+            raise not_found(res, route.name or "")
         if ctype == "application/json-patch+json":
             try:
                 patched = jsonpatch.apply_patch(obj, json.loads(request.body or b"[]"))
@@ -600,6 +601,7 @@ class ApiServer(kmock.KubernetesEmulator):
             raise not_found(route.res, route.name or "")
         ip = (pod.get("status") or {}).get("podIP")
         raw = request._raw_request
+        assert raw is not None  # kmock keeps the aiohttp request of every HTTP call
         ports = [int(p) for v in raw.query.getall("ports", []) for p in v.split(",") if p.strip()]
         if not ports or not ip:
             raise ApiError(400, "BadRequest", "query parameter \"port\" is required" if not ports

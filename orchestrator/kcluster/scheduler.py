@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tests.support.kcluster.selectors import match_expression, quantity
+from orchestrator.kcluster.selectors import match_expression, quantity
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"

@@ -36,22 +36,22 @@ def parse_label_selector(selector: str) -> Callable[[Labels], bool]:
             key, op, raw = m.group(1), m.group(2), m.group(3)
             values = {v.strip() for v in raw.split(",") if v.strip()}
             if op == "in":
-                checks.append(lambda lb, k=key, vs=values: lb.get(k) in vs)
+                checks.append(_check(lambda lb, k=key, vs=values: lb.get(k) in vs))
             else:
-                checks.append(lambda lb, k=key, vs=values: lb.get(k) not in vs)
+                checks.append(_check(lambda lb, k=key, vs=values: lb.get(k) not in vs))
         elif "!=" in term:
             key, value = (p.strip() for p in term.split("!=", 1))
-            checks.append(lambda lb, k=key, v=value: lb.get(k) != v)
+            checks.append(_check(lambda lb, k=key, v=value: lb.get(k) != v))
         elif "=" in term:
             key, value = (p.strip() for p in term.replace("==", "=").split("=", 1))
             if not key:
                 raise ValueError(f"invalid label selector term {term!r}")
-            checks.append(lambda lb, k=key, v=value: lb.get(k) == v)
+            checks.append(_check(lambda lb, k=key, v=value: lb.get(k) == v))
         elif term.startswith("!"):
             key = term[1:].strip()
-            checks.append(lambda lb, k=key: k not in lb)
+            checks.append(_check(lambda lb, k=key: k not in lb))
         elif re.fullmatch(r"[A-Za-z0-9._/-]+", term):
-            checks.append(lambda lb, k=term: k in lb)
+            checks.append(_check(lambda lb, k=term: k in lb))
         else:
             raise ValueError(f"invalid label selector term {term!r}")
     return lambda labels: all(c(labels or {}) for c in checks)
@@ -96,11 +96,16 @@ def match_label_selector_object(labels: Labels | None, sel: Mapping[str, Any] | 
     return all(match_expression(labels, expr) for expr in sel.get("matchExpressions") or [])
 
 
+def _check(fn: Callable[..., bool]) -> Callable[[Labels], bool]:
+    """A selector term (typed once: lambdas with bound defaults defeat inference)."""
+    return fn
+
+
 def match_expression(labels: Labels, expr: Mapping[str, Any]) -> bool:
     """One NodeSelectorRequirement / LabelSelectorRequirement."""
     key, op, values = expr.get("key"), expr.get("operator"), list(expr.get("values") or [])
     has = key in labels
-    value = labels.get(key)
+    value = labels.get(key) if isinstance(key, str) else None
     if op == "In":
         return has and value in values
     if op == "NotIn":

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tests.support.kcluster.controllers import deleting, is_ready
+from orchestrator.kcluster.controllers import deleting, is_ready
 
 if TYPE_CHECKING:
-    from tests.support.kcluster.apiserver import ApiServer
+    from orchestrator.kcluster.apiserver import ApiServer
 
 Obj = dict[str, Any]
 
@@ -58,7 +59,7 @@ class KubeProxy:
                 if port not in relay.servers:
                     try:
                         relay.servers[port] = await asyncio.start_server(
-                            lambda r, w, k=key, p=port: self._accept(k, p, r, w), relay.ip, port)
+                            functools.partial(self._accept, key, port), relay.ip, port)
                     except OSError as e:  # retried at the next pass
                         self.errors.append(f"{key[0]}/{key[1]} {relay.ip}:{port}: {e}")
 
