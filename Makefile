@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: install demo test test-unit test-integration test-e2e test-vllm vllm lint clean
+.PHONY: install demo test test-unit test-integration test-e2e test-vllm test-sglang vllm sglang lint clean
 
 # The simulator's engine compiled with mypyc into the per-user cache, keyed by its sources (a
 # no-op when built; without a C compiler it warns and the interpreted engine runs).
@@ -28,14 +28,18 @@ lint: install
 	$(VENV)/bin/mypy
 
 # All tiers: unit, integration (a private PostgreSQL is started by the test session), e2e,
-# and vllm (real vLLM on CPU; `make vllm` builds its environment once per machine). Unit,
-# integration and e2e run on TEST_WORKERS workers, more than the cores: their tests mostly wait
-# on real time (a CI run on 2 cores and 2 workers used a quarter of the CPU); the ones that start
-# a Ray head share one worker. The vLLM tier then runs alone (its engines take every core but
-# the load generator's). ORCH_REQUIRED_TIERS tells CI's tier check what each part must run.
+# sglang (SGLang's own parsers on the rendered SGLang commands; `make sglang` builds its
+# parser-only environment once per machine) and vllm (real vLLM on CPU; `make vllm` builds its
+# environment once per machine). Unit, integration and e2e run on TEST_WORKERS workers, more than
+# the cores: their tests mostly wait on real time (a CI run on 2 cores and 2 workers used a
+# quarter of the CPU); the ones that start a Ray head share one worker. The SGLang parser tier
+# then runs alone (each check imports torch: CPU-bound, kept off the timing tests), then the vLLM
+# tier (its engines take every core but the load generator's). ORCH_REQUIRED_TIERS tells CI's
+# tier check what each part must run, so a skipped sglang or vllm tier fails CI.
 TEST_WORKERS ?= 4
-test: lint vllm
-	ORCH_REQUIRED_TIERS="unit integration e2e" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not vllm" --durations=25
+test: lint vllm sglang
+	ORCH_REQUIRED_TIERS="unit integration e2e" $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not vllm and not sglang" --durations=25
+	ORCH_REQUIRED_TIERS="sglang" $(PY) -m pytest -m sglang tests/sglang --durations=5
 	ORCH_REQUIRED_TIERS="vllm" $(PY) -m pytest -m vllm --durations=5
 
 test-unit: install
@@ -55,6 +59,16 @@ vllm: install
 
 test-vllm: vllm
 	$(PY) -m pytest -m vllm
+
+# SGLang parser tier: sglang and sglang-router (--no-deps) on CPU torch with the few packages
+# their argument parsers import, in the per-user cache (~/.cache/orchestrator/sglang-parsers-0.5.23;
+# ORCH_CACHE_DIR overrides). Parser-only: SGLang's server needs CUDA-only wheels. Reused when
+# present; ORCH_SGLANG_PYTHON, where set, names another SGLang interpreter for the tier.
+sglang: install
+	$(PY) -m orchestrator.backends.sglang_env build
+
+test-sglang: sglang
+	$(PY) -m pytest -m sglang tests/sglang
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

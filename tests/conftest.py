@@ -16,10 +16,11 @@ from tests.support import postgres
 if TYPE_CHECKING:
     from orchestrator.store import Store
 
-TIERS = ("unit", "integration", "e2e", "vllm")
-# `make test` builds the vLLM environment first (`make vllm`), so under CI a skipped real-engine
-# test means the build is broken, not absent.
-REQUIRED_TIERS = ("unit", "integration", "e2e", "vllm")
+TIERS = ("unit", "integration", "e2e", "vllm", "sglang")
+# `make test` builds the vLLM environment (`make vllm`) and the SGLang parser environment
+# (`make sglang`) first, so under CI a skipped real-engine or SGLang-parser test means a build is
+# broken, not absent.
+REQUIRED_TIERS = ("unit", "integration", "e2e", "vllm", "sglang")
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that start a Ray head: under pytest-xdist they share one worker (two Ray clusters at
 # once on a 2-core machine starve each other's tests).
@@ -75,7 +76,8 @@ def _full_run(config: pytest.Config) -> bool:
 
 def _required_tiers(config: pytest.Config) -> tuple[str, ...]:
     """The tiers this session must pass: ORCH_REQUIRED_TIERS when `make test` splits the run
-    (unit, integration and e2e on two workers; then vllm alone), else all on a full run."""
+    (unit, integration and e2e on TEST_WORKERS workers; then sglang alone; then vllm alone), else
+    all on a full run."""
     named = os.environ.get("ORCH_REQUIRED_TIERS")
     if named:
         return tuple(named.split())

@@ -130,9 +130,16 @@ class VllmEnv:
         }
 
 
-def _run(cmd: list[str]) -> None:
+class BuildError(RuntimeError):
+    """A step of a test environment's build failed (its output is above)."""
+
+
+def run_step(cmd: list[str]) -> None:
+    """One build step, echoed; BuildError when it fails (the vLLM and SGLang tiers' builds)."""
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    r = subprocess.run(cmd, check=False)
+    if r.returncode != 0:
+        raise BuildError(f"`{' '.join(cmd)}` exited {r.returncode}")
 
 
 def build_venv(env: VllmEnv, python: str = sys.executable) -> None:
@@ -143,12 +150,12 @@ def build_venv(env: VllmEnv, python: str = sys.executable) -> None:
     if env.venv.exists():
         shutil.rmtree(env.venv)  # an interrupted build: start again
     env.root.mkdir(parents=True, exist_ok=True)
-    _run([python, "-m", "venv", str(env.venv)])
+    run_step([python, "-m", "venv", str(env.venv)])
     pip = [str(env.python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     # pip (not uv): the machine's pip configuration points at the local CPU torch wheel.
-    _run([*pip, f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"])
-    _run([str(env.python), "-m", "pip", "uninstall", "-y", "-q", *UNWANTED])
-    _run([str(env.python), "-c", "import vllm, torch, transformers; print(vllm.__version__, torch.__version__)"])
+    run_step([*pip, f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"])
+    run_step([str(env.python), "-m", "pip", "uninstall", "-y", "-q", *UNWANTED])
+    run_step([str(env.python), "-c", "import vllm, torch, transformers; print(vllm.__version__, torch.__version__)"])
     (env.venv / READY_MARKER).write_text(VLLM_VERSION + "\n")
 
 

@@ -1,13 +1,14 @@
 """The SGLang parser tier: SGLang's and sglang_router's own argument parsers judge every SGLang
 command line the project renders (parse, never serve).
 
-Every test in this folder is marked `sglang` (run alone with `pytest -m sglang`) and skips,
-with the remedy as its reason, when no SGLang environment is given: ORCH_SGLANG_PYTHON, the
-interpreter of an environment with sglang and sglang-router installed (the local backend's
-setting for SGLang arms). It is no required tier (tests/conftest.py counts unit, integration,
-e2e and vllm): the project does not build an SGLang environment, whose GPU wheels do not run
-here. What was found installing SGLang's CPU side on a 2-core box is in
-tests/sglang/test_rendered_commands.py.
+Every test in this folder is marked `sglang` (run alone with `pytest -m sglang`, or
+`make test-sglang`). Its interpreter is ORCH_SGLANG_PYTHON where set (any environment with sglang
+and sglang-router installed; the local backend's setting for SGLang arms), else the parser-only
+environment `make sglang` builds in the per-user cache (orchestrator/backends/sglang_env.py).
+Without either, each test skips with the remedy as its reason; `make test` builds the cached one
+first and requires the tier (tests/conftest.py), so under CI a skip fails the run. Parser-only:
+SGLang's server needs CUDA-only wheels (what installing it here found is in
+tests/sglang/test_rendered_commands.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.sglang_env import SglangEnv
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -27,7 +30,11 @@ def sglang_python() -> tuple[str | None, str]:
     """(the SGLang interpreter, why there is none)."""
     python = os.environ.get("ORCH_SGLANG_PYTHON")
     if not python:
-        return None, "no SGLang environment: set ORCH_SGLANG_PYTHON to an interpreter with sglang and sglang-router"
+        env = SglangEnv.default()
+        if env.ready():  # its build already ran the import probe below
+            return str(env.python), ""
+        return None, (f"no SGLang environment: `make sglang` builds one in {env.root}, or set ORCH_SGLANG_PYTHON to "
+                      "an interpreter with sglang and sglang-router")
     if not Path(python).exists():
         return None, f"ORCH_SGLANG_PYTHON={python} does not exist"
     probe = "import sglang.srt.server_args, sglang_router.router_args"
@@ -38,11 +45,16 @@ def sglang_python() -> tuple[str | None, str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mine = [i for i in items if HERE in Path(str(i.fspath)).resolve().parents]
-    if not mine:
-        return
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.sglang)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sglang_interpreter() -> str:
+    """The tier's interpreter, looked for only when one of its tests runs (the probe of an
+    ORCH_SGLANG_PYTHON imports torch: seconds no other session should pay)."""
     python, reason = sglang_python()
-    for item in mine:
-        item.add_marker(pytest.mark.sglang)
-        if python is None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    if python is None:
+        pytest.skip(reason)
+    return python

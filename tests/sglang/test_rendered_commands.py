@@ -3,9 +3,11 @@
 Engine command lines: every SGLang arm of every example plan and the SGLang knob arms of
 tests/unit/test_engine_adapter.py (every knob, both P/D roles, NIXL and Mooncake, every
 drafting method the plan maps), as the local backend (GPU box) and Kubernetes render them. Each
-runs, in the SGLang interpreter (ORCH_SGLANG_PYTHON), through ``ServerArgs.add_cli_args`` on a
-parser that refuses abbreviations, then ``ServerArgs.from_cli_args``; the launcher module
-(``sglang.launch_server``) must be installed there. Router command lines (local static URLs,
+runs, in the SGLang interpreter (ORCH_SGLANG_PYTHON, else the parser-only environment of
+``make sglang``; all of the module's commands in one run of it, which imports torch), through
+``ServerArgs.add_cli_args`` on a parser that refuses abbreviations, then
+``ServerArgs.from_cli_args``; the launcher module (``sglang.launch_server``) must be installed
+there. Router command lines (local static URLs,
 Kubernetes service discovery, the sim backend's) go through ``RouterArgs.add_cli_args``,
 ``RouterArgs.from_cli_args`` and ``_validate_router_args``, and the Rust ``Router`` is built
 from them (``Router.from_args``, not started). Negative controls prove each checker refuses
@@ -17,8 +19,10 @@ sglang-kernel, nvidia-cutlass-dsl, ...), so the full install is not a CPU one; `
 --no-deps sglang==0.5.23 sglang-router==0.3.2`` plus the few pure-Python packages its argument
 parser imports (numpy, orjson, psutil, pybase64, requests, triton, packaging, pillow, starlette,
 msgspec, pydantic, pyzmq, tqdm, IPython, aiohttp; setproctitle, uvicorn, fastapi for the router)
-gives an environment where both parsers import and run (about 3 minutes, 2.3 GB with torch). A
-server cannot start in it (no CPU kernels), so this tier parses only.
+gives an environment where both parsers import and run (2.3 GB with torch: torch and triton are
+three quarters of it, and sglang's utilities import both). A server cannot start in it (no CPU
+kernels), so this tier parses only. orchestrator/backends/sglang_env.py builds exactly that
+environment, pinned (``make sglang``).
 """
 
 from __future__ import annotations
@@ -144,10 +148,45 @@ def _check(cmds: dict[str, tuple[str, str, list[str]]], tmp_path: Path) -> dict[
     return result
 
 
-def test_sglang_parses_every_rendered_sglang_command(tmp_path: Path) -> None:
-    cmds = _commands()
-    assert any(n.startswith("k8s-vllm-vs-sglang-B") for n in cmds), "the example's SGLang arm"
-    got = _check(cmds, tmp_path)
+OK_ENGINE = ["--model-path", "m", "--tp-size", "1"]
+# Negative controls: each checker must refuse these.
+REFUSED: dict[str, tuple[str, str, list[str]]] = {
+    "misspelled": ("engine", "sglang.launch_server", [*OK_ENGINE, "--max-running-request", "8"]),
+    "vllm-flag": ("engine", "sglang.launch_server", [*OK_ENGINE, "--max-num-seqs", "8"]),
+    "bad-choice": ("engine", "sglang.launch_server", [*OK_ENGINE, "--kv-cache-dtype", "fp8"]),
+    "no-module": ("engine", "sglang.no_such_launcher", OK_ENGINE),
+    "router-vllm-pd": ("router", "sglang_router.launch_router", ["--vllm-pd-disaggregation"]),
+    "router-policy": ("router", "sglang_router.launch_router",
+                      ["--worker-urls", "http://127.0.0.1:1", "--policy", "consistent_hash"]),
+}
+POLICIES = ["round_robin", "cache_aware", "power_of_two", "random"]
+
+
+def _policy_router(policy: str) -> tuple[str, str, list[str]]:
+    from orchestrator.plan import validate_plan
+
+    data = sglang_knobs_plan().model_dump(mode="json", by_alias=True)
+    data["arms"]["A"]["router"] = {"policy": policy}
+    plan = validate_plan(data)
+    layout = local_render(plan, "A", Device(kind="cuda", gpus=64, name="NVIDIA H100 80GB HBM3"), SETTINGS,
+                          sequential_ports(8100), Path("/run/orch/x"), "x")
+    return ("router", "sglang_router.launch_router", list(layout.router.argv[3:]))
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Every command of this module judged in one run of the SGLang interpreter (each run
+    imports torch and sglang: seconds), keyed rendered/NAME, refused/NAME, control, policy/P."""
+    cmds = {f"rendered/{n}": c for n, c in _commands().items()}
+    cmds |= {f"refused/{n}": c for n, c in REFUSED.items()}
+    cmds["control"] = ("engine", "sglang.launch_server", OK_ENGINE)
+    cmds |= {f"policy/{p}": _policy_router(p) for p in POLICIES}
+    return _check(cmds, tmp_path_factory.mktemp("sglang"))
+
+
+def test_sglang_parses_every_rendered_sglang_command(verdicts: dict[str, object]) -> None:
+    got = {n.removeprefix("rendered/"): v for n, v in verdicts.items() if n.startswith("rendered/")}
+    assert any(n.startswith("k8s-vllm-vs-sglang-B") for n in got), "the example's SGLang arm"
     bad = {n: v for n, v in got.items() if not (isinstance(v, dict) and v.get("ok"))}
     assert not bad, json.dumps(bad, indent=1)
     # The values arrive where the adapter meant them.
@@ -160,30 +199,12 @@ def test_sglang_parses_every_rendered_sglang_command(tmp_path: Path) -> None:
     assert engine_for(plan.arm("A")).kind == "sglang"
 
 
-def test_the_checkers_refuse_what_sglang_refuses(tmp_path: Path) -> None:
-    ok_engine = ["--model-path", "m", "--tp-size", "1"]
-    got = _check({
-        "misspelled": ("engine", "sglang.launch_server", [*ok_engine, "--max-running-request", "8"]),
-        "vllm-flag": ("engine", "sglang.launch_server", [*ok_engine, "--max-num-seqs", "8"]),
-        "bad-choice": ("engine", "sglang.launch_server", [*ok_engine, "--kv-cache-dtype", "fp8"]),
-        "no-module": ("engine", "sglang.no_such_launcher", ok_engine),
-        "router-vllm-pd": ("router", "sglang_router.launch_router", ["--vllm-pd-disaggregation"]),
-        "router-policy": ("router", "sglang_router.launch_router",
-                          ["--worker-urls", "http://127.0.0.1:1", "--policy", "consistent_hash"]),
-        "control": ("engine", "sglang.launch_server", ok_engine),
-    }, tmp_path)
-    assert got.pop("control") == {"ok": True, "model_path": "m", "tp_size": 1, "disaggregation_mode": "null"}
+def test_the_checkers_refuse_what_sglang_refuses(verdicts: dict[str, object]) -> None:
+    assert verdicts["control"] == {"ok": True, "model_path": "m", "tp_size": 1, "disaggregation_mode": "null"}
+    got = {n: verdicts[f"refused/{n}"] for n in REFUSED}
     assert all(isinstance(v, str) for v in got.values()), got
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "cache_aware", "power_of_two", "random"])
-def test_every_router_policy_an_sglang_arm_may_name_parses(policy: str, tmp_path: Path) -> None:
-    data = sglang_knobs_plan().model_dump(mode="json", by_alias=True)
-    data["arms"]["A"]["router"] = {"policy": policy}
-    from orchestrator.plan import validate_plan
-
-    plan = validate_plan(data)
-    layout = local_render(plan, "A", Device(kind="cuda", gpus=64, name="NVIDIA H100 80GB HBM3"), SETTINGS,
-                          sequential_ports(8100), Path("/run/orch/x"), "x")
-    got = _check({"r": ("router", "sglang_router.launch_router", list(layout.router.argv[3:]))}, tmp_path)
-    assert got["r"] == {"ok": True, "policy": policy, "pd": False}
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_router_policy_an_sglang_arm_may_name_parses(policy: str, verdicts: dict[str, object]) -> None:
+    assert verdicts[f"policy/{policy}"] == {"ok": True, "policy": policy, "pd": False}
