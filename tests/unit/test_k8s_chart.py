@@ -1,6 +1,7 @@
 """The Helm chart that deploys the orchestrator: lints strictly, renders, its objects validate, and
 what it renders can run: the image the Dockerfile builds, the GPU pools as Ray resources, a
-long-lived controller, load generators inside the cluster, the DSN from a Secret, pods a
+long-lived controller, load generators inside the cluster, the DSNs from Secrets (the owner's to
+the migration only), NetworkPolicies around the chart's and the arms' pods, pods a
 "restricted" namespace admits.
 
 Helm's own Go SDK does the work (helm-python-sdk; no helm binary). RayCluster is a KubeRay CRD
@@ -11,10 +12,13 @@ with no schema in kubernetes-validate: its shape is checked against KubeRay's do
 from __future__ import annotations
 
 import base64
+import copy
+import ipaddress
 import json
 import re
 import shlex
 import tomllib
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -24,10 +28,20 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from orchestrator.backends.base import RunKey
+from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.api import RESOURCES
+from orchestrator.backends.kubernetes.probe_job import ProbeJobSpec, render_probe_job
+from orchestrator.backends.kubernetes.render import (
+    HTTP_PORT,
+    NIXL_PORT,
+    ROUTER_METRICS_PORT,
+    render_arm,
+)
 from orchestrator.cli.main import main
 from orchestrator.control.controller import gpu_demand
-from orchestrator.plan import load_plan_file
+from orchestrator.engines.sglang import BOOTSTRAP_PORT as SGLANG_BOOTSTRAP_PORT
+from orchestrator.plan import load_plan_file, validate_plan
 from orchestrator.plan.catalog import GPUS
 from orchestrator.plan.kubernetes import KubernetesSettings
 from tests.unit.test_k8s_render import EXAMPLES, assert_valid_k8s, pod_security_problems
@@ -51,7 +65,7 @@ def render(values: dict[str, Any] | None = None, namespace: str = "bench",
     """The chart's objects for ``values`` (schema-checked by Helm), NOTES.txt left out."""
     chart = helm.Chart.load(str(CHART))
     out = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
-    objs = []
+    objs: list[dict[str, Any]] = []
     for path, text in sorted(out.items()):
         if path.endswith(".yaml"):
             objs.extend(d for d in yaml.safe_load_all(text) if d)
@@ -134,7 +148,7 @@ def check_chart() -> None:
 def test_chart_lints_strictly_and_every_rendered_object_validates() -> None:
     check_chart()
     kinds = sorted(o["kind"] for o in render())
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "RayCluster", "Role",
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", *["NetworkPolicy"] * 4, "RayCluster", "Role",
                      "RoleBinding", "Secret", "ServiceAccount"]
     values = {"imagePullSecrets": ["regcred"], "gpuPools": {"H100-SXM": 16, "H200": 0},
               "state": {"existingClaim": "orch-state"}, "database": {"migrate": False},
@@ -147,15 +161,23 @@ def test_chart_lints_strictly_and_every_rendered_object_validates() -> None:
         assert_valid_object(obj)
 
 
-def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
-    objs = render({"database": {"existingSecret": "pg", "secretKey": "dsn"}})
+def _dsn_keys(objs: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(Secret, key) of ORCH_DATABASE_URL in every container, by (pod role, container)."""
+    keys = {}
     for role, pod in pod_specs(objs).items():
         for c in _containers(pod):
             env = {e["name"]: e for e in c["env"]}
-            assert env["ORCH_DATABASE_URL"] == {
-                "name": "ORCH_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}
-            }, (role, c["name"])
+            ref = env["ORCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+            assert set(env["ORCH_DATABASE_URL"]) == {"name", "valueFrom"}, (role, c["name"])
+            keys[(role, c["name"])] = (ref["name"], ref["key"])
             assert all("value" not in e or "postgres" not in e["value"] for e in c["env"])
+    return keys
+
+
+def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
+    keys = _dsn_keys(render({"database": {"existingSecret": "pg", "secretKey": "dsn", "ownerSecretKey": "own"}}))
+    assert keys.pop(("controller", "db-upgrade")) == ("pg", "own")
+    assert set(keys.values()) == {("pg", "dsn")} and len(keys) == 4
     with pytest.raises(helm.HelmError) as err:
         render({"database": {"url": "postgresql://u:p@db/orch"}})
     assert "url" in str(err.value)
@@ -165,15 +187,27 @@ def test_database_dsn_comes_from_a_secret_and_cannot_be_a_value() -> None:
 
 def test_the_owner_dsn_migrates_and_the_runtime_dsn_runs() -> None:
     """DESIGN section 12: `orch db upgrade` (the init container) as the migration owner, every
-    other container as the runtime role."""
-    objs = render({"database": {"existingSecret": "pg", "secretKey": "runtime", "ownerSecretKey": "owner"}})
-    keys = {}
-    for role, pod in pod_specs(objs).items():
-        for c in [*pod.get("initContainers", []), *pod["containers"]]:
-            env = {e["name"]: e for e in c["env"]}
-            keys[(role, c["name"])] = env["ORCH_DATABASE_URL"]["valueFrom"]["secretKeyRef"]["key"]
-    assert [k for k, v in keys.items() if v == "owner"] == [next(k for k in keys if k[1] == "db-upgrade")]
-    assert sum(v == "runtime" for v in keys.values()) == len(keys) - 1 >= 2
+    other container as the runtime role; by default too, and a configuration in which the runtime
+    would run as the owner does not render."""
+    for values, owner in (({}, ("orchestrator-db", "owner_url")),
+                          ({"database": {"existingSecret": "pg", "secretKey": "runtime", "ownerSecretKey": "owner"}},
+                           ("pg", "owner")),
+                          # the owner's DSN in a Secret of its own (e.g. a database operator's superuser Secret)
+                          ({"database": {"ownerExistingSecret": "pg-superuser", "ownerSecretKey": "url"}},
+                           ("pg-superuser", "url"))):
+        keys = _dsn_keys(render(values))
+        assert [k for k, v in keys.items() if v == owner] == [("controller", "db-upgrade")], values
+        runtime = {v for k, v in keys.items() if k != ("controller", "db-upgrade")}
+        assert len(runtime) == 1 and owner not in runtime, (values, runtime)
+        assert {k[0] for k in keys} == {"head", "experiments", "loadgen", "controller"}
+    for db in ({"ownerSecretKey": ""}, {"ownerSecretKey": "url"}, {"ownerExistingSecret": "orchestrator-db", "ownerSecretKey": "url"}):
+        with pytest.raises(helm.HelmError, match="database.ownerSecretKey"):
+            render({"database": db})
+    # Without the chart's migration the owner's DSN is nowhere: the runtime's in every container.
+    keys = _dsn_keys(render({"database": {"migrate": False, "ownerSecretKey": ""}}))
+    assert set(keys.values()) == {("orchestrator-db", "url")} and ("controller", "db-upgrade") not in keys
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["database"]
+    assert values["ownerSecretKey"] and values["ownerSecretKey"] != values["secretKey"]
 
 
 def test_image_defaults_to_what_the_dockerfile_builds_from_this_checkout() -> None:
@@ -346,6 +380,12 @@ def test_ray_token_auth_is_on_in_every_ray_process_and_client() -> None:
         for c in pod["containers"]:
             env = _env_of(c)
             assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == ref, (role, c["name"])
+    # `orch db upgrade` talks to the database only: it gets no Ray token (nor Ray's settings).
+    for values in ({}, {"rayAuth": {"existingSecret": "my-ray-token"}}):
+        (init,) = pod_specs(render(values))["controller"]["initContainers"]
+        assert init["name"] == "db-upgrade"
+        assert not {n for n in _env_of(init) if n.startswith("RAY_")}, _env_of(init)
+        assert set(_env_of(init)) == {"ORCH_DATABASE_URL"}
 
     own = render({"rayAuth": {"existingSecret": "my-ray-token", "secretKey": "token"}})
     assert "Secret" not in {o["kind"] for o in own}
@@ -368,14 +408,87 @@ def test_dashboard_listens_in_the_head_pod_only() -> None:
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+    """A LabelSelector (matchLabels and matchExpressions) against a pod's labels."""
+    if not all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, vals = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(key) not in vals or op == "NotIn" and key in labels and labels[key] in vals:
+            return False
+        if op == "Exists" and key not in labels or op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a connection comes from: a pod of the release namespace (its labels) or an address."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    ip: str | None = None
+
+    @classmethod
+    def pod(cls, labels: dict[str, str]) -> Source:
+        return cls(labels=tuple(sorted(labels.items())))
+
+
+def _peer_admits(peer: dict[str, Any], src: Source) -> bool:
+    if src.ip is not None:  # an address outside the pods: only an ipBlock names it
+        if "ipBlock" not in peer:
+            return False
+        ip = ipaddress.ip_address(src.ip)
+        block = peer["ipBlock"]
+        return ip in ipaddress.ip_network(block["cidr"]) and not any(
+            ip in ipaddress.ip_network(x) for x in block.get("except") or [])
+    if "ipBlock" in peer or "namespaceSelector" in peer:
+        return False  # the chart's peers of the release namespace are pod selectors
+    return _matches(peer["podSelector"], dict(src.labels))
+
+
+def admitted(policies: list[dict[str, Any]], dest: dict[str, str], port: int, src: Source) -> bool:
+    """Whether NetworkPolicy (ingress) lets ``src`` reach ``port`` of a pod labelled ``dest`` in
+    the release namespace: not isolated, or some rule of a policy selecting it admits both."""
+    selecting = [p["spec"] for p in policies
+                 if "Ingress" in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], dest)]
+    if not selecting:
+        return True
+    for spec in selecting:
+        for rule in spec.get("ingress") or []:
+            ports = rule.get("ports")
+            if ports and not any(isinstance(pp["port"], int) and pp["port"] <= port <= pp.get("endPort", pp["port"])
+                                 and pp.get("protocol", "TCP") == "TCP" for pp in ports):
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_admits(peer, src) for peer in peers):
+                return True
+    return False
+
+
+def _policies(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == "NetworkPolicy"]
+
+
+def _chart_pod_labels(objs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    ray = _one(objs, "RayCluster")["spec"]
+    out = {"head": ray["headGroupSpec"]["template"]["metadata"]["labels"]}
+    out.update({g["groupName"]: g["template"]["metadata"]["labels"] for g in ray["workerGroupSpecs"]})
+    out["controller"] = _one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return out
+
+
+def _arm_pods(plan_data: dict[str, Any], arm: str) -> dict[str, dict[str, Any]]:
+    """The pod templates the backend deploys for ``arm``, by role, in the release namespace."""
+    plan = validate_plan(plan_data)
+    objs = render_arm(plan, arm, RunKey(plan.name, arm, 0), namespace="bench")
+    return {o["spec"]["template"]["metadata"]["labels"][naming.ROLE_LABEL]: o["spec"]["template"]
+            for o in objs if o["kind"] == "Deployment"}
 
 
 def test_network_policy_admits_only_the_charts_own_pods() -> None:
     """The policy selects every pod of the chart (head, workers, controller) and admits traffic
-    from those pods only (and the peers the user lists); the arms' pods are not selected."""
+    from those pods only (and the peers the user lists); the arms' pods have policies of their own."""
     objs = render()
-    policy = _one(objs, "NetworkPolicy")["spec"]
+    policy = next(p for p in _policies(objs) if p["metadata"]["name"] == "orch-orchestrator")["spec"]
     assert policy["policyTypes"] == ["Ingress"]  # egress stays open: arms, database, API server
     ray = _one(objs, "RayCluster")["spec"]
     templates = [ray["headGroupSpec"]["template"], *(g["template"] for g in ray["workerGroupSpecs"]),
@@ -389,8 +502,107 @@ def test_network_policy_admits_only_the_charts_own_pods() -> None:
     assert not _matches(policy["podSelector"], router["spec"]["template"]["metadata"]["labels"])
     other_release = {**templates[0]["metadata"]["labels"], "app.kubernetes.io/instance": "other"}
     assert not _matches(policy["podSelector"], other_release)
+    # No arm pod reaches Ray (GCS, Ray Client, dashboard): a served model cannot drive the cluster.
+    arm = _arm_pods(load_plan_file(EXAMPLES[0]).model_dump(mode="json", by_alias=True), "A")
+    for t in arm.values():
+        for port in (6379, 8265, 10001):
+            assert not admitted(_policies(objs), templates[0]["metadata"]["labels"], port,
+                                Source.pod(t["metadata"]["labels"]))
 
     prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    extra = _one(render({"networkPolicy": {"extraIngressFrom": [prom]}}), "NetworkPolicy")
+    extra = next(p for p in _policies(render({"networkPolicy": {"extraIngressFrom": [prom]}}))
+                 if p["metadata"]["name"] == "orch-orchestrator")
     assert extra["spec"]["ingress"][0]["from"][1] == prom
     assert_valid_object(extra)
+
+
+def test_network_policy_covers_the_arms_pods_port_by_port() -> None:
+    """The arms' pods (the backend's, labelled managed-by=orchestrator): the serving port only
+    from the load generators and controller (the chart's pods), the routers and the API server's
+    pod proxy; the routers' metrics port only from the chart's pods and that proxy; the KV
+    hand-off (NIXL's side channel, SGLang's bootstrap) only from P/D peers; nothing else, and
+    none of it on the chart's own pods. Rendered only with networkPolicy.enabled."""
+    api_server = Source(ip="10.0.0.5")
+    objs = render({"networkPolicy": {"apiServerFrom": [{"ipBlock": {"cidr": "10.0.0.0/28"}}]}})
+    policies = _policies(objs)
+    assert len(policies) == 4
+    for p in policies:
+        assert_valid_object(p)
+        assert p["spec"]["policyTypes"] == ["Ingress"] and p["metadata"]["namespace"] == "bench"
+    chart = _chart_pod_labels(objs)
+    disagg = load_plan_file(ROOT / "examples" / "disagg-vs-colocated-h200.yaml").model_dump(mode="json", by_alias=True)
+    sglang_pd = copy.deepcopy(disagg)
+    sglang_pd["arms"]["B"].setdefault("engine", {})["kind"] = "sglang"
+    vllm_a, vllm_b, sglang_b = _arm_pods(disagg, "A"), _arm_pods(disagg, "B"), _arm_pods(sglang_pd, "B")
+    assert set(vllm_a) == {"worker", "router"} and set(vllm_b) == set(sglang_b) == {"prefill", "decode", "router"}
+    probe = render_probe_job(ProbeJobSpec(gpu="H200", namespace="bench", image="pytorch/pytorch:2"))
+    probe_labels = next(o for o in probe if o["kind"] == "Job")["spec"]["template"]["metadata"]["labels"]
+
+    def lab(t: dict[str, Any]) -> dict[str, str]:
+        return t["metadata"]["labels"]
+
+    loaders = [Source.pod(chart[r]) for r in ("loadgen", "experiments", "controller")]
+    routers = [Source.pod(lab(pods["router"])) for pods in (vllm_a, vllm_b, sglang_b)]
+    pd_peers = [Source.pod(lab(pods[r])) for pods in (vllm_b, sglang_b) for r in ("prefill", "decode")]
+    strangers = [Source.pod({}), Source.pod({"app": "curl"}), Source(ip="192.168.7.7"), Source.pod(probe_labels),
+                 Source.pod({**chart["loadgen"], "app.kubernetes.io/instance": "other"})]
+    workers = [lab(vllm_a["worker"]), *(lab(pods[r]) for pods in (vllm_b, sglang_b) for r in ("prefill", "decode"))]
+    colocated = Source.pod(lab(vllm_a["worker"]))
+    assert HTTP_PORT == 8000 and ROUTER_METRICS_PORT == 29000 and NIXL_PORT == 5600
+
+    for dest in workers + [lab(pods["router"]) for pods in (vllm_a, vllm_b, sglang_b)]:
+        role = dest[naming.ROLE_LABEL]
+        is_router, is_pd = role == "router", role in ("prefill", "decode")
+        for src in loaders + [api_server] + ([] if is_router else routers):
+            assert admitted(policies, dest, HTTP_PORT, src), (role, src)
+        for src in strangers + [colocated]:
+            assert not admitted(policies, dest, HTTP_PORT, src), (role, src)
+        others = loaders + routers + strangers + [api_server, colocated] + ([] if is_pd else pd_peers)
+        for port in (22, 6379, 8080, 10001):  # nothing unlisted
+            for src in others:
+                assert not admitted(policies, dest, port, src), (role, port, src)
+        for src in loaders + [api_server]:
+            assert admitted(policies, dest, ROUTER_METRICS_PORT, src) == is_router, (role, src)
+        for src in strangers + routers + [colocated] + ([] if is_pd else pd_peers):
+            assert not admitted(policies, dest, ROUTER_METRICS_PORT, src), (role, src)
+
+    # The KV hand-off: every port a P/D worker declares beyond the serving port (NIXL's side
+    # channel, SGLang's bootstrap) from P/D peers only.
+    kv_ports = {(p["containerPort"]) for pods in (vllm_b, sglang_b) for r in ("prefill", "decode")
+                for p in pods[r]["spec"]["containers"][0]["ports"] if p["containerPort"] != HTTP_PORT}
+    assert kv_ports == {NIXL_PORT, SGLANG_BOOTSTRAP_PORT}, kv_ports
+    for dest in workers[1:]:
+        for port in kv_ports:
+            for src in pd_peers:
+                assert admitted(policies, dest, port, src), (dest[naming.ROLE_LABEL], port, src)
+            for src in [*loaders, *routers, colocated, *strangers, api_server]:
+                assert not admitted(policies, dest, port, src), (dest[naming.ROLE_LABEL], port, src)
+    for port in (NIXL_PORT, SGLANG_BOOTSTRAP_PORT):  # a colocated worker is no P/D peer
+        assert not admitted(policies, lab(vllm_a["worker"]), port, pd_peers[0])
+
+    # The chart's own pods are not under the arms' policies, nor the arms' pods under the chart's.
+    arm_policies = [p for p in policies if p["metadata"]["name"] != "orch-orchestrator"]
+    assert {p["metadata"]["name"] for p in arm_policies} == {
+        "orch-orchestrator-arms", "orch-orchestrator-arm-routers", "orch-orchestrator-arms-kv"}
+    for labels in chart.values():
+        assert not any(_matches(p["spec"]["podSelector"], labels) for p in arm_policies), labels
+    # Every port an arm pod declares is reachable by whoever needs it (no declared port left shut).
+    for pods in (vllm_a, vllm_b, sglang_b):
+        for role, t in pods.items():
+            for p in t["spec"]["containers"][0]["ports"]:
+                src = pd_peers[0] if p["containerPort"] not in (HTTP_PORT, ROUTER_METRICS_PORT) else loaders[0]
+                assert admitted(policies, lab(t), p["containerPort"], src), (role, p)
+
+    # Without apiServerFrom the API server's proxy is not admitted (NOTES.txt says so); the
+    # extra peers of the serving port are the user's; networkPolicy.enabled=false renders none.
+    plain = _policies(render())
+    assert not admitted(plain, workers[0], HTTP_PORT, api_server)
+    ingress = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    with_ingress = _policies(render({"networkPolicy": {"armIngressFrom": [ingress]}}))
+    arms = next(p for p in with_ingress if p["metadata"]["name"] == "orch-orchestrator-arms")
+    assert arms["spec"]["ingress"][0]["from"][-1] == ingress
+    routers_policy = next(p for p in with_ingress if p["metadata"]["name"] == "orch-orchestrator-arm-routers")
+    assert ingress not in routers_policy["spec"]["ingress"][0]["from"]
+    assert _policies(render({"networkPolicy": {"enabled": False}})) == []
+    notes = helm.Chart.load(str(CHART)).render({}, name="orch", namespace="bench", is_install=True)
+    assert "networkPolicy.apiServerFrom is empty" in next(v for k, v in notes.items() if k.endswith("NOTES.txt"))

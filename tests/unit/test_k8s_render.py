@@ -303,6 +303,9 @@ def test_vllm_pods_are_baseline_and_router_pods_restricted(path: Path, arm: str)
         c = pod["containers"][0]
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        # Every engine (vLLM, SGLang) and router container drops every capability and adds none
+        # back (RDMA for NIXL adds IPC_LOCK alone: test_k8s_settings).
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, (path.name, arm, role)
     vllm = next(p for r, p in pods.items() if r != "router")
     env = {e["name"]: e.get("value") for e in vllm["containers"][0]["env"]}
     mounts = {m["mountPath"]: m["name"] for m in vllm["containers"][0]["volumeMounts"]}

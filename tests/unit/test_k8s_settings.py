@@ -77,7 +77,8 @@ def test_rdma_for_nixl_asks_for_the_device_ipc_lock_rc_and_the_secondary_network
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["UCX_TLS"].split(",")[0] == "rc" and env["UCX_NET_DEVICES"] == "mlx5_0:1"
         assert c["resources"]["limits"]["rdma/ib"] == "1" and c["resources"]["requests"]["rdma/ib"] == "1"
-        assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+        # IPC_LOCK (pinned memory) is the one capability added back to the dropped ALL.
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
         assert dep["spec"]["template"]["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "sriov-net"
 
 

@@ -81,9 +81,10 @@ securityContext:
 {{- end }}
 {{- end -}}
 
-{{/* The environment every container gets: the DSN from the Secret, the namespace arms run in,
-where run state goes. */}}
-{{- define "orchestrator.env" -}}
+{{/* The environment of every container that runs Ray or talks to it (head, workers, controller):
+the runtime role's DSN, the namespace arms run in, where run state goes, Ray's token. Never the
+migration owner's DSN (orchestrator.ownerDsnEnv, the db-upgrade init container only). */}}
+{{- define "orchestrator.runtimeEnv" -}}
 - name: ORCH_DATABASE_URL
   valueFrom:
     secretKeyRef:
@@ -96,6 +97,39 @@ where run state goes. */}}
 - name: ORCH_STATE_DIR
   value: /var/lib/orchestrator/state
 {{- include "orchestrator.rayAuthEnv" . }}
+{{- end -}}
+
+{{/* The Secret holding the migration owner's DSN: database.ownerExistingSecret, else the
+runtime's Secret. */}}
+{{- define "orchestrator.ownerSecret" -}}
+{{- .Values.database.ownerExistingSecret | default .Values.database.existingSecret -}}
+{{- end -}}
+
+{{/* The migration owner's DSN, for `orch db upgrade` only (the db-upgrade init container): it
+owns the tables, so it may UPDATE and DELETE measurements and pass the append-only triggers'
+maintenance escape. Refused when it is not a DSN of its own: the controller and every Ray pod
+would then run as the owner, and measurements would not be append-only. */}}
+{{- define "orchestrator.ownerDsnEnv" -}}
+{{- $db := .Values.database -}}
+{{- if not $db.ownerSecretKey -}}
+{{- fail "database.ownerSecretKey: empty, so `orch db upgrade` has no migration owner's DSN; the chart runs the controller and every Ray pod as the runtime role (database.secretKey) and migrates as the owner: put the owner's DSN under a key of its own (default owner_url), or set database.migrate=false and run `orch db upgrade` with the owner's DSN yourself" -}}
+{{- end -}}
+{{- if and (eq (include "orchestrator.ownerSecret" .) $db.existingSecret) (eq $db.ownerSecretKey $db.secretKey) -}}
+{{- fail (printf "database.ownerSecretKey: %q is also database.secretKey (Secret %s), so the controller and every Ray pod would run as the migration owner, which may UPDATE and DELETE measurements (README \"What is guaranteed\"): keep the owner's DSN under a key of its own (or in database.ownerExistingSecret), the runtime role's under database.secretKey" $db.ownerSecretKey $db.existingSecret) -}}
+{{- end -}}
+- name: ORCH_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "orchestrator.ownerSecret" . }}
+      key: {{ $db.ownerSecretKey }}
+{{- end -}}
+
+{{/* The chart's own pods, as a NetworkPolicy peer (labels every pod of this release carries). */}}
+{{- define "orchestrator.chartPodsPeer" -}}
+- podSelector:
+    matchLabels:
+      app.kubernetes.io/name: orchestrator
+      app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* The Secret holding Ray's auth token: the user's, or the one the chart makes. */}}
