@@ -1,7 +1,10 @@
-"""`orch k8s render FILE --arm A --out DIR`: the objects an arm would apply, as YAML files."""
+"""`orch k8s render FILE --arm A --out DIR`: the objects an arm would apply, as YAML files;
+`orch k8s emulate`: an emulated cluster on loopback (orchestrator.kcluster) for kubectl and
+`orch run --backend kubernetes`, until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -41,3 +44,80 @@ def render(
         return
     for p in paths:
         say(str(p))
+
+
+DEFAULT_NODES = "H200=2,cpu=1"
+
+
+def _default_kubeconfig() -> Path:
+    from orchestrator.paths import cache_root
+
+    return cache_root() / "k8s-emulate" / "kubeconfig"
+
+
+@k8s_app.command("emulate")
+def emulate(
+    nodes: str = typer.Option(
+        DEFAULT_NODES, "--nodes",
+        help="Nodes by GPU type (the GPU catalog's names: H200, H100-SXM, H100-PCIe; 8 GPUs each) and "
+        "cpu=N CPU nodes (one unless given), e.g. H200=2,H100-SXM=1.",
+    ),
+    kubeconfig: Path = typer.Option(
+        None, "--kubeconfig", help="Where to write the cluster's kubeconfig (default: in the user cache)."
+    ),
+    image: list[str] = typer.Option(
+        [], "--image", help="A repository whose images exist besides the project's (e.g. ghcr.io/org/*); repeatable."
+    ),
+) -> None:
+    """Run an emulated Kubernetes cluster on loopback until Ctrl-C or SIGTERM: its API server
+    (kubectl and `orch run --backend kubernetes` work against it), scheduler, controllers, and a
+    kubelet that runs the simulated engine for vLLM pods and the real vllm-router."""
+    import signal
+    import threading
+
+    from orchestrator.kcluster import EmulatedCluster, parse_nodes
+
+    try:
+        specs = parse_nodes(nodes)
+    except ValueError as e:
+        raise UserError(f"--nodes: {e}") from None
+    path = kubeconfig or _default_kubeconfig()
+    if path.is_dir():
+        raise UserError(f"--kubeconfig: {path} is a folder; give a file path")
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    cluster = EmulatedCluster(nodes=specs)
+    written_path: Path | None = None
+    try:
+        cluster.start()
+        for repo in image:
+            cluster.add_image(repo)
+        try:
+            written = cluster.kubeconfig_for(None, path=path)
+            written_path = Path(written)
+        except OSError as e:
+            raise UserError(f"--kubeconfig: cannot write {path}: {e.strerror or e}") from None
+        say(f"api server: {cluster.url}")
+        say(f"kubeconfig: {written}")
+        say(f"export KUBECONFIG={written}")
+        for spec in specs:
+            gpus = f"{spec.gpus}x {spec.labels['nvidia.com/gpu.product']}" if spec.gpus else "no GPU"
+            say(f"node {spec.name}: {gpus}, cpu {spec.cpu}, memory {spec.memory}")
+        say("running until Ctrl-C or SIGTERM")
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        cluster.stop()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        if written_path is not None:
+            written_path.unlink(missing_ok=True)  # it names a server that is gone
+    left = cluster.live_processes()
+    if left:
+        raise UserError(f"processes the cluster started are still running: {left}")
+    say("stopped: every process the cluster started has exited; the kubeconfig is removed")

@@ -37,18 +37,16 @@ pods 127.77.0.0/16, clusterIPs 127.96.0.0/16, node addresses 127.78.0.0/16; an a
 something already listens (another cluster on the machine) is skipped.
 """
 
-from orchestrator.kcluster.cluster import (
-    GKE_GPU_TAINT,
-    GPU_TAINT,
-    POD_SECURITY,
-    QUOTA,
-    EmulatedCluster,
-    NodeSpec,
-    cpu_node,
-    default_nodes,
-    gpu_node,
-    loopback_ok,
+from orchestrator.kcluster.cluster import POD_SECURITY, QUOTA, EmulatedCluster, loopback_ok
+from orchestrator.kcluster.nodes import (
+           GKE_GPU_TAINT,
+           GPU_TAINT,
+           NodeSpec,
+           cpu_node,
+           default_nodes,
+           gpu_node,
+           parse_nodes,
 )
 
 __all__ = ["GKE_GPU_TAINT", "GPU_TAINT", "POD_SECURITY", "QUOTA", "EmulatedCluster", "NodeSpec",
-           "cpu_node", "default_nodes", "gpu_node", "loopback_ok"]
+           "cpu_node", "default_nodes", "gpu_node", "loopback_ok", "parse_nodes"]

@@ -33,8 +33,8 @@ import contextlib
 import copy
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -43,6 +43,9 @@ import attrs
 import jsonpatch
 import kmock
 
+from orchestrator.kcluster import connect, discovery, tables
+from orchestrator.kcluster.defaults import apply_defaults
+from orchestrator.kcluster.discovery import DEFAULT_VERSION, parse_version
 from orchestrator.kcluster.objects import (
     GENERATION_KINDS,
     KIND_TO_PLURAL,
@@ -56,13 +59,21 @@ from orchestrator.kcluster.objects import (
     body_of,
     conflict,
     fault_error,
-    first_container_port,
     merge_patch,
-    named_port,
     not_found,
     now,
     parse_route,
     watch_event,
+)
+from orchestrator.kcluster.rbac import (
+    Attrs,
+    Authorizer,
+    Identities,
+    User,
+    checks_for,
+    forbidden,
+    request_attrs,
+    unauthorized,
 )
 from orchestrator.kcluster.selectors import parse_field_selector, parse_label_selector
 
@@ -100,7 +111,12 @@ class ApiServer(kmock.KubernetesEmulator):
     allocate_cluster_ip: Callable[[Obj], str | None] = lambda svc: None
     read_log: Callable[[str, str, str | None, bool], str | None] = lambda ns, pod, c, prev: None
     on_change: Callable[[], None] = lambda: None
-    _http: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
+    identities: Identities = attrs.field(factory=Identities)
+    version: str = DEFAULT_VERSION  # the Kubernetes release it reports (and whose checks it makes)
+    audit: collections.deque[tuple[str, str, str, str, bool]] = attrs.field(
+        factory=lambda: collections.deque(maxlen=20000))  # (user, verb, resource or path, namespace, allowed)
+    http: aiohttp.ClientSession | None = attrs.field(default=None, init=False)
+    _acting: User | None = attrs.field(default=None, init=False)  # the writer of an HTTP request's write
     _events: dict[str, collections.OrderedDict[tuple[Any, str, str], str]] = attrs.field(factory=dict, init=False)
 
     # -- the store, for the controllers (same event loop) ----------------------------------------
@@ -134,7 +150,9 @@ class ApiServer(kmock.KubernetesEmulator):
         meta.setdefault("creationTimestamp", now())
         if plural in GENERATION_KINDS:
             meta["generation"] = 1
-        self._defaults(plural, obj)
+        if self._acting is not None:
+            self.authz.check_escalation(self._acting, plural, obj)
+        apply_defaults(plural, obj, self.allocate_cluster_ip)
         self._commit(key, obj, "ADDED")
         return obj
 
@@ -145,6 +163,8 @@ class ApiServer(kmock.KubernetesEmulator):
         key = (plural, meta.get("namespace") if RESOURCES[plural].namespaced else None, meta["name"])
         if key not in self.store.objects:
             return self.obj_create(obj, plural)
+        if self._acting is not None:
+            self.authz.check_escalation(self._acting, plural, obj)
         self._commit(key, obj, "MODIFIED")
         return obj
 
@@ -196,9 +216,10 @@ class ApiServer(kmock.KubernetesEmulator):
         return obj
 
     def record_event(self, involved: Obj, reason: str, message: str, type_: str = "Normal",
-                     component: str = "kubelet", host: str | None = None) -> Obj:
+                     component: str = "kubelet", host: str | None = None) -> Obj | None:
         """An Event about ``involved`` (aggregated: the same reason and message count up; at most
-        ``MAX_EVENTS`` per namespace are kept, the oldest go first, as the API server's TTL does)."""
+        ``MAX_EVENTS`` per namespace are kept, the oldest go first, as the API server's TTL does);
+        None when the namespace refuses it (it is being terminated)."""
         meta = involved["metadata"]
         ns = meta.get("namespace") or "default"
         index = self._events.setdefault(ns, collections.OrderedDict())
@@ -222,13 +243,21 @@ class ApiServer(kmock.KubernetesEmulator):
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
             "reportingComponent": component, "reportingInstance": host or "",
         }
+        try:
+            created = self.obj_create(ev, "events")
+        except ApiError:  # a namespace that is terminating (or gone) refuses it; the recorder drops it
+            return None
         index[ident] = ev["metadata"]["name"]
         while len(index) > MAX_EVENTS:
             _, old = index.popitem(last=False)
             self.obj_remove("events", ns, old)
-        return self.obj_create(ev, "events")
+        return created
 
     # -- internals --------------------------------------------------------------------------------
+
+    def terminating(self, namespace: str) -> bool:
+        nso = self.store.objects.get(("namespaces", None, namespace))
+        return bool(nso is not None and (nso.get("metadata") or {}).get("deletionTimestamp"))
 
     def _check_namespace(self, res: Res, ns: str | None) -> None:
         if not res.namespaced or not self.enforce_namespaces:
@@ -239,51 +268,6 @@ class ApiServer(kmock.KubernetesEmulator):
         if (nso.get("metadata") or {}).get("deletionTimestamp"):
             raise ApiError(403, "Forbidden", f"{res.plural} is forbidden: unable to create new content in "
                            f"namespace {ns} because it is being terminated")
-
-    def _defaults(self, plural: str, obj: Obj) -> None:
-        spec: Any = obj.setdefault("spec", {}) if plural not in ("configmaps", "secrets", "events",
-                                                                 "serviceaccounts", "roles", "rolebindings",
-                                                                 "clusterroles", "clusterrolebindings",
-                                                                 "endpoints") else None
-        if plural == "namespaces":
-            spec.setdefault("finalizers", ["kubernetes"])
-            obj["status"] = {"phase": "Active"}
-            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
-        elif plural == "services":
-            spec.setdefault("type", "ClusterIP")
-            spec.setdefault("sessionAffinity", "None")
-            for p in spec.get("ports") or []:
-                p.setdefault("protocol", "TCP")
-                p.setdefault("targetPort", p.get("port"))
-            if spec.get("clusterIP") in (None, ""):
-                ip = self.allocate_cluster_ip(obj)
-                if ip:
-                    spec["clusterIP"] = ip
-            if spec.get("clusterIP"):
-                spec["clusterIPs"] = [spec["clusterIP"]]
-            obj.setdefault("status", {"loadBalancer": {}})
-        elif plural == "deployments":
-            spec.setdefault("replicas", 1)
-            spec.setdefault("strategy", {"type": "RollingUpdate",
-                                         "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}})
-            spec.setdefault("revisionHistoryLimit", 10)
-            spec.setdefault("progressDeadlineSeconds", 600)
-            obj.setdefault("status", {})
-        elif plural == "jobs":
-            _job_defaults(obj)
-        elif plural == "pods":
-            spec.setdefault("restartPolicy", "Always")
-            spec.setdefault("schedulerName", "default-scheduler")
-            spec.setdefault("dnsPolicy", "ClusterFirst")
-            spec.setdefault("serviceAccountName", "default")
-            spec.setdefault("terminationGracePeriodSeconds", 30)
-            obj.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
-        elif plural == "persistentvolumeclaims":
-            # A dynamic provisioner binds at once (volumeBindingMode Immediate).
-            spec.setdefault("accessModes", ["ReadWriteOnce"])
-            spec.setdefault("volumeName", f"pvc-{obj['metadata']['uid']}")
-            size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "100Gi")
-            obj["status"] = {"phase": "Bound", "accessModes": spec["accessModes"], "capacity": {"storage": size}}
 
     def _commit(self, key: Key, obj: Obj | None, etype: str) -> None:
         st = self.store
@@ -308,13 +292,64 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # -- HTTP ------------------------------------------------------------------------------------
 
+    @property
+    def authz(self) -> Authorizer:
+        return Authorizer(self._rbac_objects, self.obj_get)
+
+    def _rbac_objects(self, plural: str, namespace: str | None) -> list[Obj]:
+        return [o for (p, ns, _), o in self.store.objects.items() if p == plural and ns == namespace]
+
+    def _authorize(self, user: User, checks: list[Attrs]) -> None:
+        """Each check, in order, logged in ``audit``; the 403 of the first refused."""
+        authz = self.authz
+        for check in checks:
+            allowed = authz.allows(user, check)
+            what = check.full_resource if check.resource_request else check.path
+            self.audit.append((user.name, check.verb, what, check.namespace, allowed))
+            if not allowed:
+                raise forbidden(user, check)
+
+    @contextlib.contextmanager
+    def _writing_as(self, user: User) -> Iterator[None]:
+        """Writes of this request are ``user``'s (escalation prevention on RBAC objects)."""
+        self._acting = user
+        try:
+            yield
+        finally:
+            self._acting = None
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        parts = raw_request.path.strip("/").split("/")
+        if parts != ["api", "v1", "namespaces"]:
+            return await super().__call__(raw_request)
+        # kmock cannot parse a path that ends at the namespaces collection (`kubectl get ns`).
+        body = await raw_request.read()
+        try:
+            data = json.loads(body) if body.strip() else None
+        except ValueError:
+            data = None
+        request = kmock.Request(
+            id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
+            params=dict(raw_request.query), headers=dict(raw_request.headers), cookies=dict(raw_request.cookies),
+            data=data, body=body, text=body.decode(errors="replace"), action=None, resource=None,
+            namespace=None, name=None, subresource=None)
+        self._requests.append(request)
+        return await self._handle(request)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
+            user = self.identities.authenticate(request.headers.get("Authorization"))
+            if user is None:
+                raise unauthorized()
             self._maybe_fault(request)
-            route = parse_route(request.url.path)
-            if route is None:  # discovery, /version: kmock's scaffold answers
-                return await kmock.KubernetesScaffold._handle(self, request)
-            return await self._serve(request, route)
+            path = request.url.path
+            route = parse_route(path)
+            attrs = request_attrs(request.method.value, path, dict(request.params or {}), route)
+            websocket = (request.headers.get("Upgrade") or "").lower() == "websocket"
+            self._authorize(user, checks_for(attrs, websocket, parse_version(self.version)[1]))
+            if route is None:  # discovery, /version, health
+                return discovery.respond(path, request.headers.get("Host") or "", self.version)
+            return await self._serve(request, route, user, attrs)
         except ApiError as e:
             return e.response()
 
@@ -327,21 +362,25 @@ class ApiServer(kmock.KubernetesEmulator):
                 route = parse_route(request.url.path)
                 raise fault_error(f, request, route)
 
-    async def _serve(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
+    async def _serve(self, request: kmock.Request, route: Route, user: User,
+                     attrs: Attrs) -> aiohttp.web.StreamResponse:
         method = request.method.value
         params = dict(request.params or {})
         res = route.res
         if route.sub and (route.sub.startswith("proxy") or ":" in (route.name or "")) and res.plural in ("pods", "services"):
-            return await self._proxy(request, route)
+            return await connect.proxy(self, request, route)
         if route.sub == "log" and res.plural == "pods":
-            return self._log(route, params)
+            return connect.pod_log(self, route, params)
         if route.sub == "portforward" and res.plural == "pods":
-            return await self._portforward(request, route)
+            return await connect.portforward(self, request, route)
         if route.name is None:
             if method == "GET":
                 if params.get("watch") in ("true", "1"):
                     return await self._watch(request, route, params)
-                return aiohttp.web.json_response(self._list_doc(route, params))
+                doc = self._list_doc(route, params)
+                if tables.wants_table(request.headers.get("Accept")):  # kubectl get: server-side printing
+                    doc = tables.table(res.plural, doc["items"], doc["metadata"]["resourceVersion"])
+                return aiohttp.web.json_response(doc)
             if method == "POST":
                 body = body_of(request)
                 if route.namespace and res.namespaced:
@@ -349,7 +388,11 @@ class ApiServer(kmock.KubernetesEmulator):
                 if not (body.get("metadata") or {}).get("name") and not (body.get("metadata") or {}).get("generateName"):
                     raise ApiError(422, "Invalid", f"{res.kind} in version \"{res.version}\" cannot be handled "
                                    "as a " + res.kind + ": name or generateName is required")
-                return aiohttp.web.json_response(self.obj_create(body, res.plural), status=201)
+                with self._writing_as(user):
+                    created = self.obj_create(body, res.plural)
+                return aiohttp.web.json_response(created, status=201)
+            if method == "DELETE":
+                return aiohttp.web.json_response(self._delete_collection(request, route, params))
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
         obj = self.obj_get(res.plural, route.namespace, route.name)
         if method == "GET":
@@ -358,6 +401,8 @@ class ApiServer(kmock.KubernetesEmulator):
                 return await self._watch(request, route, params)
             if obj is None:
                 raise not_found(res, route.name or "")
+            if route.sub is None and tables.wants_table(request.headers.get("Accept")):
+                return aiohttp.web.json_response(tables.table(res.plural, [obj], str(self.store.rv)))
             return aiohttp.web.json_response(obj)
         if method == "DELETE":
             body = body_of(request, default={})
@@ -367,7 +412,12 @@ class ApiServer(kmock.KubernetesEmulator):
                               int(grace) if grace is not None else None)
             return aiohttp.web.json_response(out)
         if method == "PATCH":
-            return aiohttp.web.json_response(self._patch(request, route, obj, params), status=200)
+            creates = obj is None and route.sub is None and "apply-patch" in (request.headers.get("Content-Type") or "")
+            if creates:  # server-side apply that creates needs `create` too
+                self._authorize(user, [replace(attrs, verb="create")])
+            with self._writing_as(user):
+                patched = self._patch(request, route, obj, params)
+            return aiohttp.web.json_response(patched, status=201 if creates else 200)
         if method == "PUT":
             body = body_of(request)
             if obj is None:
@@ -380,8 +430,23 @@ class ApiServer(kmock.KubernetesEmulator):
                 new["status"] = body.get("status") or {}
             else:
                 new = self._merged(obj, body, replace=True)
-            return aiohttp.web.json_response(self.obj_put(new, res.plural))
+            with self._writing_as(user):
+                stored = self.obj_put(new, res.plural)
+            return aiohttp.web.json_response(stored)
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _delete_collection(self, request: kmock.Request, route: Route, params: dict[str, str]) -> Obj:
+        """DELETE of a collection (``deletecollection``): every object the selectors match."""
+        doc = self._list_doc(route, params)
+        body = body_of(request, default={})
+        policy = params.get("propagationPolicy") or body.get("propagationPolicy")
+        grace = params.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
+        for o in doc["items"]:
+            meta = o["metadata"]
+            with contextlib.suppress(ApiError):
+                self.obj_delete(route.res.plural, meta.get("namespace"), meta["name"], policy,
+                                int(grace) if grace is not None else None)
+        return doc
 
     def _list_doc(self, route: Route, params: dict[str, str]) -> Obj:
         try:
@@ -540,137 +605,8 @@ class ApiServer(kmock.KubernetesEmulator):
             nmeta["generation"] = int(ometa.get("generation", 1)) + 1
         return new
 
-    def _log(self, route: Route, params: dict[str, str]) -> aiohttp.web.Response:
-        pod = self.obj_get("pods", route.namespace, route.name or "")
-        if pod is None:
-            raise not_found(route.res, route.name or "")
-        text = self.read_log(route.namespace or "", route.name or "", params.get("container"),
-                             params.get("previous") in ("true", "1"))
-        if text is None:
-            raise ApiError(400, "BadRequest", f'container "{params.get("container") or "?"}" in pod '
-                           f'"{route.name}" is waiting to start: ContainerCreating')
-        tail = params.get("tailLines")
-        if tail:
-            text = "".join(text.splitlines(keepends=True)[-int(tail):])
-        return aiohttp.web.Response(text=text, content_type="text/plain")
-
-    async def _proxy(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
-        """``pods/[scheme:]NAME[:PORT]/proxy/PATH`` forwarded to the pod's IP (services: clusterIP)."""
-        parts = (route.name or "").split(":")
-        if len(parts) == 3:
-            _, name, port = parts
-        elif len(parts) == 2:
-            name, port = parts
-        else:
-            name, port = parts[0], ""
-        sub = route.sub or ""
-        path = sub[len("proxy"):] if sub.startswith("proxy") else "/" + sub
-        obj = self.obj_get(route.res.plural, route.namespace, name)
-        if obj is None:
-            raise not_found(route.res, name)
-        if route.res.plural == "pods":
-            ip = (obj.get("status") or {}).get("podIP")
-            if not ip:
-                raise ApiError(503, "ServiceUnavailable", f'pod "{name}" has no IP address yet')
-            port = port or str(first_container_port(obj))
-            port = str(named_port(obj, port))
-        else:
-            ip = (obj.get("spec") or {}).get("clusterIP")
-            if not ip or ip == "None":
-                raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{name}"')
-            port = port or str(((obj.get("spec") or {}).get("ports") or [{}])[0].get("port", 80))
-        url = f"http://{ip}:{port}{path or '/'}"
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-        try:
-            async with self._http.request(request.method.value, url, params=dict(request.params or {}),
-                                          data=request.body or None) as r:
-                body = await r.read()
-                headers = {k: v for k, v in r.headers.items() if k.lower() == "content-type"}
-                return aiohttp.web.Response(body=body, status=r.status, headers=headers)
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: dial tcp {ip}:{port}: "
-                           f"connect: {getattr(e, 'strerror', None) or 'connection refused'}") from e
-
-    async def _portforward(self, request: kmock.Request, route: Route) -> aiohttp.web.StreamResponse:
-        """``kubectl port-forward``'s stream (the official client's ``portforward``): a websocket
-        (v4.channel.k8s.io) whose channel 2i carries port i's bytes and 2i+1 its errors; each
-        channel's first frame is the port number (2 bytes, little endian)."""
-        pod = self.obj_get("pods", route.namespace, route.name or "")
-        if pod is None:
-            raise not_found(route.res, route.name or "")
-        ip = (pod.get("status") or {}).get("podIP")
-        raw = request._raw_request
-        assert raw is not None  # kmock keeps the aiohttp request of every HTTP call
-        ports = [int(p) for v in raw.query.getall("ports", []) for p in v.split(",") if p.strip()]
-        if not ports or not ip:
-            raise ApiError(400, "BadRequest", "query parameter \"port\" is required" if not ports
-                           else f'pod "{route.name}" has no IP address yet')
-        ws = aiohttp.web.WebSocketResponse(protocols=("v4.channel.k8s.io", "channel.k8s.io"))
-        await ws.prepare(raw)
-        writers: dict[int, asyncio.StreamWriter] = {}
-        pumps = []
-
-        async def pump(i: int, reader: asyncio.StreamReader) -> None:
-            with contextlib.suppress(ConnectionError, OSError, RuntimeError):
-                while chunk := await reader.read(65536):
-                    await ws.send_bytes(bytes((2 * i,)) + chunk)
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await ws.close()
-
-        for i, port in enumerate(ports):
-            head = port.to_bytes(2, "little")
-            await ws.send_bytes(bytes((2 * i,)) + head)
-            await ws.send_bytes(bytes((2 * i + 1,)) + head)
-            try:
-                reader, writers[i] = await asyncio.open_connection(ip, port)
-            except OSError as e:
-                await ws.send_bytes(bytes((2 * i + 1,)) + (
-                    f"error forwarding port {port} to pod {route.name}, uid : failed to connect to "
-                    f"localhost:{port} inside namespace: {e.strerror or e}").encode())
-                continue
-            pumps.append(asyncio.get_running_loop().create_task(pump(i, reader)))
-        try:
-            async for msg in ws:
-                if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
-                    continue
-                w = writers.get(msg.data[0] // 2)
-                if w is not None and msg.data[0] % 2 == 0:
-                    w.write(msg.data[1:])
-                    await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            for w in writers.values():
-                with contextlib.suppress(Exception):
-                    w.close()
-            for t in pumps:
-                t.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-        return ws
-
     async def aclose(self) -> None:
         self.close_watches()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
-
-def _job_defaults(job: Obj) -> None:
-    """A Job as the API server admits it: defaults, the selector and pod labels it generates
-    (``batch.kubernetes.io/controller-uid``, ``job-name``), a restartPolicy it accepts."""
-    meta, spec = job["metadata"], job["spec"]
-    tpl_spec = (spec.get("template") or {}).get("spec") or {}
-    if tpl_spec.get("restartPolicy") not in ("Never", "OnFailure"):
-        raise ApiError(422, "Invalid", f'Job.batch "{meta["name"]}" is invalid: spec.template.spec.restartPolicy: '
-                       f'Required value: valid values: "OnFailure", "Never"')
-    for k, v in (("backoffLimit", 6), ("completions", 1), ("parallelism", 1), ("completionMode", "NonIndexed"),
-                 ("suspend", False), ("manualSelector", False)):
-        spec.setdefault(k, v)
-    uid, name = meta["uid"], meta["name"]
-    generated = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
-                 "controller-uid": uid, "job-name": name}
-    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-    tpl_meta = spec["template"].setdefault("metadata", {})
-    tpl_meta["labels"] = {**(tpl_meta.get("labels") or {}), **generated}
-    job.setdefault("status", {})
+        if self.http is not None:
+            await self.http.close()
+            self.http = None

@@ -4,17 +4,19 @@ loopback, in one background thread with its own event loop (see the package docs
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import ipaddress
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,22 +26,17 @@ import yaml
 from orchestrator.kcluster.apiserver import ApiServer
 from orchestrator.kcluster.controllers import Controllers
 from orchestrator.kcluster.kubelet import IpPool, Kubelet
+from orchestrator.kcluster.nodes import NodeSpec, default_nodes
 from orchestrator.kcluster.objects import KIND_TO_PLURAL, RESOURCES, Fault, now
 from orchestrator.kcluster.proxy import KubeProxy
+from orchestrator.kcluster.rbac import ADMIN_NAME, ANONYMOUS, BOOTSTRAP
+from orchestrator.kcluster.registry import Registry
 from orchestrator.kcluster.selectors import matches_labels
+from orchestrator.kcluster.tls import Certificates, make_certificates, server_factory
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 
-# The NVIDIA GPU operator's taint (no value); GKE's is nvidia.com/gpu=present:NoSchedule.
-GPU_TAINT = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
-GKE_GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-PRODUCTS = {  # product label -> (instance type, GPU memory MiB)
-    "NVIDIA-H200": ("p5en.48xlarge", 143771),
-    "NVIDIA-H200-141GB-HBM3e": ("p5en.48xlarge", 143771),
-    "NVIDIA-H100-80GB-HBM3": ("p5.48xlarge", 81559),
-    "NVIDIA-H100-PCIe": ("a3-highgpu-8g", 81559),
-}
 POD_SECURITY = (
     'pods "{pod}" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != '
     'false (container "{container}" must set securityContext.allowPrivilegeEscalation=false), unrestricted '
@@ -53,46 +50,6 @@ QUOTA = (
     "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8"
 )
 PRESETS = {"pod-security": POD_SECURITY, "quota": QUOTA}
-
-
-@dataclass
-class NodeSpec:
-    """A node: its name, labels, GPUs, CPU, memory and taints."""
-
-    name: str
-    labels: dict[str, str] = field(default_factory=dict)
-    gpus: int = 0
-    cpu: str = "16"
-    memory: str = "64Gi"
-    taints: list[dict[str, str]] = field(default_factory=list)
-    unschedulable: bool = False
-
-
-def gpu_node(name: str, product: str = "NVIDIA-H200", gpus: int = 8, pool: str | None = None,
-             driver: str = "570.133.20", taints: list[dict[str, str]] | None = None,
-             labels: dict[str, str] | None = None) -> NodeSpec:
-    """A GPU node labelled as NVIDIA GPU Feature Discovery and Karpenter label one, with the GPU
-    operator's ``nvidia.com/gpu:NoSchedule`` taint unless ``taints`` is given."""
-    instance, mem = PRODUCTS.get(product, ("gpu-node", 81559))
-    pool = pool or ("h200" if "H200" in product else "h100")
-    return NodeSpec(name=name, gpus=gpus, cpu="192", memory="2000Gi",
-                    taints=[dict(GPU_TAINT)] if taints is None else taints, labels={
-                        "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": str(gpus),
-                        "nvidia.com/gpu.memory": str(mem), "nvidia.com/gpu.present": "true",
-                        "nvidia.com/cuda.driver-version.full": driver,
-                        "nvidia.com/cuda.driver.major": driver.split(".")[0],
-                        "karpenter.sh/nodepool": pool, "node.kubernetes.io/instance-type": instance,
-                        **(labels or {})})
-
-
-def cpu_node(name: str = "cpu-1", cpu: str = "16", memory: str = "64Gi") -> NodeSpec:
-    return NodeSpec(name=name, cpu=cpu, memory=memory, labels={
-        "karpenter.sh/nodepool": "general", "node.kubernetes.io/instance-type": "m7i.4xlarge"})
-
-
-def default_nodes() -> list[NodeSpec]:
-    """Two H200 nodes (8 GPUs each, tainted) and one CPU node (for the router)."""
-    return [gpu_node("h200-1"), gpu_node("h200-2"), cpu_node("cpu-1")]
 
 
 @dataclass
@@ -116,14 +73,16 @@ class EmulatedCluster:
     ``pull_backoff_s`` and ``restart_backoff_s`` (doubling, capped at 8x) the back-offs,
     ``max_grace_s`` the cap on a pod's termination grace. ``pod_cidr`` / ``service_cidr``:
     loopback ranges of pod IPs and clusterIPs. ``process_env``: extra environment for every
-    started process. ``workdir``: logs and the kubeconfig (default: a temporary folder, removed)."""
+    started process. ``workdir``: logs and the kubeconfig (default: a temporary folder, removed).
+    ``tls``: serve HTTPS (a CA of its own, in the kubeconfigs), as a real API server does."""
 
     def __init__(self, nodes: list[NodeSpec] | None = None, *, tick_s: float = 0.05,
                  start_delay_s: float = 0.1, probe_period_s: float = 0.1, pull_backoff_s: float = 0.3,
                  restart_backoff_s: float = 0.3, max_grace_s: float = 5.0,
                  pod_cidr: str = "127.77.0.0/16", service_cidr: str = "127.96.0.0/16",
                  node_cidr: str = "127.78.0.0/16", enforce_namespaces: bool = True,
-                 process_env: dict[str, str] | None = None, workdir: str | Path | None = None):
+                 process_env: dict[str, str] | None = None, workdir: str | Path | None = None,
+                 tls: bool = True):
         self.node_specs = default_nodes() if nodes is None else list(nodes)
         self.tick_s, self.start_delay_s, self.probe_period_s = tick_s, start_delay_s, probe_period_s
         self.pull_backoff_s, self.restart_backoff_s, self.max_grace_s = pull_backoff_s, restart_backoff_s, max_grace_s
@@ -140,6 +99,9 @@ class EmulatedCluster:
         self._pull_failures: dict[str | None, int] = {}
         self._refusals: list[Refusal] = []
         self._host_images: dict[str, dict[str, str]] = {}  # image prefix -> program -> path here
+        self.registry = Registry()
+        self.tls = tls
+        self.certificates: Certificates | None = None
         self.errors: list[BaseException] = []  # exceptions of the control loop (should stay empty)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -161,7 +123,9 @@ class EmulatedCluster:
 
         async def main() -> None:
             try:
-                async with self.apiserver, kmock.Server(self.apiserver) as server:
+                self.certificates = make_certificates(self.workdir / "pki") if self.tls else None
+                ctx = self.certificates.server_context() if self.certificates else None
+                async with self.apiserver, kmock.Server(self.apiserver, server_cls=server_factory(ctx)) as server:
                     self.url = str(server.url).rstrip("/")
                     self._wake = asyncio.Event()
                     self._stop = asyncio.Event()
@@ -174,6 +138,8 @@ class EmulatedCluster:
                     self._write_kubeconfig()
                     for ns in ("default", "kube-system"):
                         self.apiserver.obj_create({"kind": "Namespace", "metadata": {"name": ns}})
+                    for obj in copy.deepcopy(BOOTSTRAP):
+                        self.apiserver.obj_create(obj)
                     for spec in self.node_specs:
                         self._create_node(spec)
                     started.set()
@@ -242,32 +208,108 @@ class EmulatedCluster:
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
     def _write_kubeconfig(self) -> None:
+        self.kubeconfig_for(None, path=self.kubeconfig)
+
+    # -- identities and clients -----------------------------------------------------------------
+
+    def token_for(self, identity: str | None = None, groups: tuple[str, ...] = ()) -> str:
+        """The bearer token of ``identity`` (a user name, or ``system:serviceaccount:NS:NAME``;
+        None: the admin, who may do anything). What it may do is what the RBAC objects in the
+        cluster grant it (``apply_objects``, ``apply_chart_rbac``)."""
+        return self.apiserver.identities.token_for(identity, groups)
+
+    def kubeconfig_for(self, identity: str | None = None, path: str | Path | None = None,
+                       namespace: str = "default", anonymous: bool = False) -> str:
+        """Write a kubeconfig of ``identity`` (None: the admin; ``anonymous``: no credentials)
+        and return its path (default: in the workdir, one per identity). Any thread."""
+        who = ANONYMOUS.name if anonymous else (identity or ADMIN_NAME)
+        user: dict[str, str] = {} if anonymous else {"token": self.token_for(identity)}
+        server: dict[str, str] = {"server": self.url}
+        if self.certificates is not None:
+            server["certificate-authority-data"] = base64.b64encode(self.certificates.ca.read_bytes()).decode()
         doc = {
             "apiVersion": "v1", "kind": "Config", "current-context": "kcluster",
-            "clusters": [{"name": "kcluster", "cluster": {"server": self.url}}],
-            "users": [{"name": "kcluster", "user": {"token": "kcluster-token"}}],
-            "contexts": [{"name": "kcluster", "context": {"cluster": "kcluster", "user": "kcluster",
-                                                         "namespace": "default"}}],
+            "clusters": [{"name": "kcluster", "cluster": server}],
+            "users": [{"name": who, "user": user}],
+            "contexts": [{"name": "kcluster", "context": {"cluster": "kcluster", "user": who,
+                                                         "namespace": namespace}}],
+            "preferences": {},
         }
-        Path(self.kubeconfig).write_text(yaml.safe_dump(doc))
+        if path is None:
+            path = self.workdir / f"kubeconfig-{re.sub(r'[^A-Za-z0-9_.-]', '_', who)}"
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(yaml.safe_dump(doc))
+        tmp.chmod(0o600)
+        tmp.replace(out)  # whole, or not at all: a reader never sees half a file
+        return str(out)
 
-    # -- clients --------------------------------------------------------------------------------
-
-    def api_client(self) -> Any:
-        """An official-client ApiClient for this cluster."""
+    def api_client(self, identity: str | None = None) -> Any:
+        """An official-client ApiClient for this cluster, as ``identity`` (None: the admin)."""
         from kubernetes import client
 
         cfg = client.Configuration()
         cfg.host = self.url
-        cfg.api_key = {"authorization": "kcluster-token"}
+        cfg.api_key = {"authorization": self.token_for(identity)}
         cfg.api_key_prefix = {"authorization": "Bearer"}
+        if self.certificates is not None:
+            cfg.ssl_ca_cert = str(self.certificates.ca)
         return client.ApiClient(cfg)
 
-    def kube_api(self, retries: int = 3, backoff_s: float = 0.01) -> Any:
-        """The backend's KubeApi on this cluster, with short back-offs."""
+    def kube_api(self, retries: int = 3, backoff_s: float = 0.01, identity: str | None = None) -> Any:
+        """The backend's KubeApi on this cluster, with short back-offs, as ``identity``."""
         from orchestrator.backends.kubernetes.api import KubeApi
 
-        return KubeApi(self.api_client(), retries=retries, backoff_s=backoff_s, max_backoff_s=backoff_s * 2)
+        return KubeApi(self.api_client(identity), retries=retries, backoff_s=backoff_s,
+                       max_backoff_s=backoff_s * 2)
+
+    def apply_objects(self, objs: list[Obj], namespace: str | None = None) -> list[Obj]:
+        """Create or replace ``objs`` as the admin does (``kubectl apply``): namespaced ones go
+        to their namespace, else ``namespace``, which is created if missing. The stored objects."""
+        def do() -> list[Obj]:
+            out = []
+            for obj in copy.deepcopy(objs):
+                plural = KIND_TO_PLURAL[obj["kind"]]
+                meta = obj.setdefault("metadata", {})
+                if RESOURCES[plural].namespaced:
+                    meta["namespace"] = meta.get("namespace") or namespace or "default"
+                    if self.apiserver.obj_get("namespaces", None, meta["namespace"]) is None:
+                        self.apiserver.obj_create({"kind": "Namespace", "metadata": {"name": meta["namespace"]}})
+                old = self.apiserver.obj_get(plural, meta.get("namespace"), meta["name"])
+                if old is None:
+                    out.append(copy.deepcopy(self.apiserver.obj_create(obj, plural)))
+                else:
+                    new = self.apiserver._merged(old, obj, replace=True)
+                    out.append(copy.deepcopy(self.apiserver.obj_put(new, plural)))
+            return out
+
+        return self._call(do)
+
+    def apply_chart_rbac(self, objs: list[Obj], namespace: str | None = None) -> str:
+        """Apply the ServiceAccount and RBAC objects of a rendered chart (``objs``: every object
+        the chart renders, as dicts) and return the identity its pods run as
+        (``system:serviceaccount:NS:NAME``, the subject of its RoleBinding)."""
+        kinds = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+        chosen = [o for o in objs if o.get("kind") in kinds]
+        binding = next((o for o in chosen if o["kind"] == "RoleBinding"), None)
+        if binding is None:
+            raise ValueError("the chart renders no RoleBinding (rbac.create false?)")
+        subject = next(s for s in binding.get("subjects") or [] if s.get("kind") == "ServiceAccount")
+        ns = subject.get("namespace") or (binding.get("metadata") or {}).get("namespace") or namespace or "default"
+        self.apply_objects(chosen, ns)
+        return f"system:serviceaccount:{ns}:{subject['name']}"
+
+    def can(self, identity: str | None, verb: str, resource: str, namespace: str = "",
+            name: str = "", group: str = "") -> bool:
+        """``kubectl auth can-i``: whether RBAC allows ``identity`` ``verb`` on ``resource``
+        (``pods``, ``pods/log``) in ``namespace`` ("" : the cluster scope)."""
+        from orchestrator.kcluster.rbac import Attrs, user_for
+
+        res, _, sub = resource.partition("/")
+        attrs = Attrs(verb, True, api_group=group, resource=res, subresource=sub, namespace=namespace, name=name)
+        user = user_for(identity) if identity else None
+        return self._call(lambda: user is None or self.apiserver.authz.allows(user, attrs))
 
     # -- nodes, namespaces, volumes -------------------------------------------------------------
 
@@ -346,7 +388,6 @@ class EmulatedCluster:
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}}))
 
     def add_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        import base64
 
         self.add_namespace(namespace)
         self._call(lambda: self.apiserver.obj_create({
@@ -355,7 +396,6 @@ class EmulatedCluster:
 
     def lookup_ref(self, namespace: str, kind: str, name: str, key: str) -> str | None:
         """A Secret's or ConfigMap's key (for env valueFrom), None if missing (loop thread)."""
-        import base64
 
         obj = self.apiserver.obj_get(KIND_TO_PLURAL[kind], namespace, name)
         if obj is None or key not in (obj.get("data") or {}):
@@ -390,8 +430,9 @@ class EmulatedCluster:
     # -- failure injection ----------------------------------------------------------------------
 
     def fail_image_pull(self, times: int = 1, image: str | None = None) -> None:
-        """The next ``times`` pull attempts (of ``image``, or any image) fail: the container shows
-        ``ErrImagePull``, then ``ImagePullBackOff`` until the next attempt; then pulls succeed."""
+        """The next ``times`` pull attempts (of ``image``, or any image) fail for a while (the
+        registry's rate limit): the container shows ``ErrImagePull``, then ``ImagePullBackOff``
+        until the next attempt; then pulls succeed."""
         self._call(lambda: self._pull_failures.__setitem__(image, self._pull_failures.get(image, 0) + times))
 
     def run_on_host(self, image: str, executables: dict[str, str] | None = None) -> None:
@@ -399,6 +440,19 @@ class EmulatedCluster:
         (a Job's script, say): mounted ConfigMaps and emptyDirs are folders of the workdir, and
         ``executables`` maps the command's program (``{"python": sys.executable}``) to one here."""
         self._call(lambda: self._host_images.__setitem__(image, dict(executables or {})))
+
+    def missing_image(self, image: str) -> None:
+        """``image`` does not exist in its registry: every pull of it fails with containerd's
+        ``not found`` (``ErrImagePull``, then ``ImagePullBackOff``), for good."""
+        self.registry.declare_missing(image)
+
+    def add_image(self, repository: str) -> None:
+        """Images of ``repository`` (any tag; an fnmatch pattern such as ``ghcr.io/org/*``)
+        exist, besides the project's own (``orchestrator.kcluster.registry``)."""
+        self.registry.add(repository)
+
+    def image_exists(self, image: str) -> bool:
+        return self.registry.exists(image) or self.host_executables(image) is not None
 
     def host_executables(self, image: str) -> dict[str, str] | None:
         return next((v for k, v in self._host_images.items() if image.startswith(k)), None)

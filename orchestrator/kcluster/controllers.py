@@ -229,6 +229,8 @@ class Controllers:
         revision = str(1 + max([int((r["metadata"].get("annotations") or {}).get(
             "deployment.kubernetes.io/revision", "0")) for r in rss] or [0]))
         if current is None:
+            if self.api.terminating(ns):  # a namespace being deleted takes no new content
+                return
             name = f"{meta['name']}-{h}"
             labels = {**((tpl.get("metadata") or {}).get("labels") or {}), HASH_LABEL: h}
             template = copy.deepcopy(tpl)
@@ -278,7 +280,13 @@ class Controllers:
                     self.api.record_event(rs, "FailedCreate", f"Error creating: {refusal}", "Warning",
                                           component="replicaset-controller")
                     break
-                self.api.obj_create(pod_from_template(tpl, name, rs), "pods")
+                try:
+                    self.api.obj_create(pod_from_template(tpl, name, rs), "pods")
+                except ApiError as e:  # the namespace is being terminated
+                    failure = e.message
+                    self.api.record_event(rs, "FailedCreate", f"Error creating: {e.message}", "Warning",
+                                          component="replicaset-controller")
+                    break
                 self.api.record_event(rs, "SuccessfulCreate", f"Created pod: {name}", component="replicaset-controller")
         elif len(pods) > want:
             victims = sorted(pods, key=lambda p: (is_ready(p), bool(p["spec"].get("nodeName")),
@@ -420,7 +428,11 @@ class Controllers:
             self.api.record_event(job, "FailedCreate", f"Error creating: {refusal}", "Warning", component="job-controller")
             return
         name = f"{meta['name']}-{rand5(self.rng)}"
-        self.api.obj_create(pod_from_template(tpl, name, job), "pods")
+        try:
+            self.api.obj_create(pod_from_template(tpl, name, job), "pods")
+        except ApiError as e:  # the namespace is being terminated
+            self.api.record_event(job, "FailedCreate", f"Error creating: {e.message}", "Warning", component="job-controller")
+            return
         self.api.record_event(job, "SuccessfulCreate", f"Created pod: {name}", component="job-controller")
 
     # -- the scheduler ---------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from orchestrator.kcluster.containers import (
     vllm_launch,
 )
 from orchestrator.kcluster.objects import now
+from orchestrator.kcluster.registry import not_found_message, transient_message
 
 if TYPE_CHECKING:
     from orchestrator.kcluster.cluster import EmulatedCluster
@@ -245,24 +246,12 @@ class Kubelet:
             cr.state = {"waiting": {"reason": "InvalidImageName", "message": msg}}
             cr.next_at = t + self.c.pull_backoff_s
             return
-        failures = self.c.take_pull_failure(cr.image)
-        if failures:
-            reason = "ErrImagePull"
-            msg = (f'failed to pull and unpack image "docker.io/{cr.image}": failed to resolve reference '
-                   f'"docker.io/{cr.image}": pull access denied, repository does not exist or may require '
-                   "authorization: server message: insufficient_scope: authorization failed")
-            if cr.state.get("waiting", {}).get("reason") in ("ErrImagePull", "ImagePullBackOff"):
-                reason = "ImagePullBackOff"
-                msg = f'Back-off pulling image "{cr.image}": ErrImagePull: {msg}'
-                self.api.record_event(pod, "BackOff", f'Back-off pulling image "{cr.image}"', "Normal", host=run.node)
-                self.api.record_event(pod, "Failed", "Error: ImagePullBackOff", "Warning", host=run.node)
-            else:
-                self.api.record_event(pod, "Pulling", f'Pulling image "{cr.image}"', host=run.node)
-                self.api.record_event(pod, "Failed", f'Failed to pull image "{cr.image}": {msg}', "Warning",
-                                      host=run.node)
-                self.api.record_event(pod, "Failed", "Error: ErrImagePull", "Warning", host=run.node)
-            cr.state = {"waiting": {"reason": reason, "message": msg}}
-            cr.next_at = t + self.c.pull_backoff_s
+        if not self.c.image_exists(cr.image):  # not in the registry: every attempt fails alike
+            known = self.c.registry.known_repository(cr.image)
+            self._pull_failed(run, pod, cr, t, not_found_message(cr.image, known))
+            return
+        if self.c.take_pull_failure(cr.image):  # a registry hiccup: a later attempt succeeds
+            self._pull_failed(run, pod, cr, t, transient_message(cr.image))
             return
         if cr.state.get("waiting", {}).get("reason") not in ("ErrImagePull", "ImagePullBackOff"):
             self.api.record_event(pod, "Pulling", f'Pulling image "{cr.image}"', host=run.node)
@@ -270,6 +259,23 @@ class Kubelet:
                               "(1.2s including waiting). Image size: 8421337018 bytes.", host=run.node)
         cr.pulled = True
         cr.next_at = t
+
+    def _pull_failed(self, run: PodRun, pod: Obj, cr: ContainerRun, t: float, msg: str) -> None:
+        """ErrImagePull on the first failure, ImagePullBackOff until the next attempt, with the
+        kubelet's events; retried after the back-off."""
+        reason = "ErrImagePull"
+        if cr.state.get("waiting", {}).get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+            reason = "ImagePullBackOff"
+            msg = f'Back-off pulling image "{cr.image}": ErrImagePull: {msg}'
+            self.api.record_event(pod, "BackOff", f'Back-off pulling image "{cr.image}"', "Normal", host=run.node)
+            self.api.record_event(pod, "Failed", "Error: ImagePullBackOff", "Warning", host=run.node)
+        else:
+            self.api.record_event(pod, "Pulling", f'Pulling image "{cr.image}"', host=run.node)
+            self.api.record_event(pod, "Failed", f'Failed to pull image "{cr.image}": {msg}', "Warning",
+                                  host=run.node)
+            self.api.record_event(pod, "Failed", "Error: ErrImagePull", "Warning", host=run.node)
+        cr.state = {"waiting": {"reason": reason, "message": msg}}
+        cr.next_at = t + self.c.pull_backoff_s
 
     def _start(self, run: PodRun, pod: Obj, cr: ContainerRun, t: float) -> None:
         cr.container_id = "containerd://" + hashlib.sha256(f"{run.uid}/{cr.name}/{cr.restarts}".encode()).hexdigest()
@@ -296,7 +302,7 @@ class Kubelet:
             elif is_vllm(cr.spec):
                 launch = vllm_launch(cr.spec, pod, node, run.ip or "")
             elif is_router(cr.spec):
-                launch = router_launch(cr.spec, run.ip or "", self.c.kubeconfig)
+                launch = router_launch(cr.spec, run.ip or "", self._pod_kubeconfig(pod))
             else:
                 raise ContainerError(f"the emulated kubelet cannot run image {cr.image!r} "
                                      "(it runs vllm-openai and vllm-router images)", exit_code=1)
@@ -430,6 +436,16 @@ class Kubelet:
             await self._http.close()
 
     # -- status ---------------------------------------------------------------------------------
+
+    def _pod_kubeconfig(self, pod: Obj) -> str:
+        """The kubeconfig a container reaches the API server with: its pod's service account
+        token (``system:serviceaccount:NS:SA``), none when the pod does not mount it."""
+        spec = pod.get("spec") or {}
+        meta = pod["metadata"]
+        if spec.get("automountServiceAccountToken") is False:
+            return self.c.kubeconfig_for(None, anonymous=True)
+        return self.c.kubeconfig_for(f"system:serviceaccount:{meta['namespace']}:"
+                                     f"{spec.get('serviceAccountName') or 'default'}")
 
     def _configmap(self, namespace: str, name: str) -> dict[str, str] | None:
         cm = self.api.obj_get("configmaps", namespace, name)

@@ -10,9 +10,11 @@ cluster would give. Every test ends with no process of the cluster left (the fix
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
 import re
+import threading
 import time
 from typing import Any
 
@@ -23,7 +25,7 @@ from kubernetes import client, watch
 
 from orchestrator.backends.base import Deployment, RunKey
 from orchestrator.backends.kubernetes import naming
-from orchestrator.backends.kubernetes.backend import KubernetesBackend
+from orchestrator.backends.kubernetes.backend import KubeHandles, KubernetesBackend
 from orchestrator.errors import PermanentError, TransientError
 from orchestrator.plan import Plan, validate_plan
 from tests.support.kcluster import (
@@ -537,6 +539,123 @@ def test_port_forward_from_outside_and_exit_mid_run_stops_every_process() -> Non
     for pid in pids:
         assert not _alive(pid)
     assert not cluster.errors
+
+
+def _namespace_requests(cluster: EmulatedCluster, since: int = 0) -> list[tuple[str, str]]:
+    """Requests on the Namespace resource itself (``/api/v1/namespaces[/NAME]``), not on the
+    objects in one, after the first ``since`` requests of the log."""
+    return [(m, p) for m, p in cluster.request_log()[since:]
+            if re.fullmatch(r"/api/v1/namespaces(/[^/]+)?", p.split("?")[0])]
+
+
+def test_final_cleanup_never_reads_a_configured_namespace(kcluster: EmulatedCluster) -> None:
+    """Issue 29: in the cluster the chart sets ORCH_K8S_NAMESPACE to its own namespace, and its
+    Role grants nothing on namespaces; the experiment's final cleanup read that Namespace and
+    so failed every in-cluster experiment at its very end. A configured namespace is the
+    user's: cleanup deletes the experiment's objects in it and never asks about it."""
+    plan = _plan()
+    kcluster.add_namespace("team-a")
+    backend = KubernetesBackend(api=kcluster.kube_api(), namespace="team-a", poll_s=0.1, log=lambda line: None)
+    dep = backend.deploy(plan, "A", RunKey(plan.name, "A", 0))
+    backend.ready(dep, deadline_s=60)
+    assert kcluster.objects("Deployment", "team-a")
+    since = len(kcluster.request_log())
+    assert backend.cleanup(plan.name, final=True) > 0
+    assert _namespace_requests(kcluster, since) == []
+    # A fresh process (a resumed controller) knows only the experiment: the same.
+    assert KubernetesBackend(api=kcluster.kube_api(), namespace="team-a").cleanup(plan.name, final=True) == 0
+    assert _namespace_requests(kcluster, since) == []
+    assert "team-a" in kcluster.objects("Namespace")
+    for kind in ("Deployment", "Service", "ConfigMap", "Role", "RoleBinding", "ServiceAccount"):
+        assert [n for n in kcluster.objects(kind, "team-a") if n != "kube-root-ca.crt"] == [], kind
+    kcluster.wait_for(lambda: not kcluster.pods("team-a"), 20, what="pods gone")
+    kcluster.wait_for(lambda: not kcluster.live_processes(), 20, what="processes stopped")
+
+
+def test_final_cleanup_deletes_the_namespace_the_tool_created(kcluster: EmulatedCluster) -> None:
+    """The control of the test above: with no namespace configured or planned, the backend
+    creates ``orch-<experiment>`` and the final cleanup deletes it, also from a fresh process
+    (a rerun finishing an experiment an earlier process started)."""
+    plan = _plan()
+    backend, dep, ns = _deploy(kcluster, plan, "A")
+    assert ns == naming.experiment_namespace(plan.name) and ns in kcluster.objects("Namespace")
+    backend.cleanup(plan.name, final=True)
+    kcluster.wait_for(lambda: ns not in kcluster.objects("Namespace"), 20, what="namespace gone")
+
+    backend, dep, ns = _deploy(kcluster, plan, "A")
+    kcluster.wait_for(lambda: ns in kcluster.objects("Namespace"), 20, what="namespace again")
+    fresh = KubernetesBackend(api=kcluster.kube_api(), log=lambda line: None)
+    assert fresh.cleanup(plan.name, final=True) > 0
+    kcluster.wait_for(lambda: ns not in kcluster.objects("Namespace"), 20, what="namespace gone")
+    kcluster.wait_for(lambda: not kcluster.live_processes(), 20, what="processes stopped")
+
+
+def _forward_threads(other_than: set[threading.Thread]) -> list[str]:
+    """Threads of port-forwards still running (our relays, the client's websocket proxies),
+    other than ``other_than`` (those of earlier tests)."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith(("pf-", "Kubernetes port forward proxy")) and t not in other_than]
+
+
+def test_concurrent_port_forward_streams_leave_the_backends_client_alone(kcluster: EmulatedCluster) -> None:
+    """Issue 29: the official client's ``portforward`` swaps ``call_api`` on the ApiClient it is
+    given while a stream opens; concurrent relays on the backend's own ApiClient left it
+    swapped, and the scrape's and teardown's ordinary calls then failed (``Missing required
+    parameter `ports```). Many streamed completions, each its own TCP connection and so its own
+    websocket stream, while the same backend scrapes through the pod proxy and lists pods."""
+    plan = _plan(access="auto")
+    earlier = set(threading.enumerate())
+    backend, dep, ns = _deploy(kcluster, plan, "A")
+    backend.ready(dep, deadline_s=60)
+    assert dep.fingerprint.details["access_path"]["mode"] == "port-forward"
+    url, model = dep.endpoint.url, dep.endpoint.model
+    streams, rounds = 12, 3
+    opened = kcluster.requests("GET", "/portforward")
+    errors: list[str] = []
+    calls = {"scrape": 0, "list": 0}
+    stop = threading.Event()
+
+    def shared_client_calls() -> None:
+        while not stop.is_set():
+            try:
+                assert len(backend.scrape(dep)) == 3
+                calls["scrape"] += 1
+                assert len(backend.api.list("Pod", ns, labels=dep.handles_as(KubeHandles).run_selector)) == 3
+                calls["list"] += 1
+            except Exception as e:  # noqa: BLE001 - every failure is the finding
+                errors.append(f"shared client: {type(e).__name__}: {e}")
+                return
+
+    scraper = threading.Thread(target=shared_client_calls, daemon=True)
+    scraper.start()
+    try:
+        for _ in range(rounds):
+            gate = threading.Barrier(streams)
+
+            def one(gate: threading.Barrier = gate) -> int:
+                gate.wait(timeout=60)
+                return _stream(url, model, 6)[1]
+
+            with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+                futures = [pool.submit(one) for _ in range(streams)]
+                for f in futures:
+                    try:
+                        assert f.result(timeout=120) == 6
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(f"stream: {type(e).__name__}: {e}")
+    finally:
+        stop.set()
+        scraper.join(timeout=60)
+    assert not errors, errors[:5]
+    assert calls["scrape"] >= 1 and calls["list"] >= 1, calls
+    assert kcluster.requests("GET", "/portforward") >= opened + streams * rounds, "one stream per connection"
+    # The shared client still makes ordinary calls, and teardown and cleanup leave nothing.
+    assert len(backend.scrape(dep)) == 3
+    _teardown_and_check(kcluster, backend, dep, ns)
+    backend.cleanup(plan.name, final=True)
+    kcluster.wait_for(lambda: ns not in kcluster.objects("Namespace"), 20, what="namespace gone")
+    kcluster.wait_for(lambda: not _forward_threads(earlier), 30, what="port-forward threads ended")
+    assert not kcluster.errors
 
 
 def _alive(pid: int) -> bool:

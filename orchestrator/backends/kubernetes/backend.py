@@ -101,6 +101,7 @@ class KubernetesBackend:
         self.probe = probe or probe_completion
         self.log = log or _log.info
         self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
+        self._given: dict[str, set[str]] = {}  # experiment -> of those, namespaces it did not create
         self._forwards: dict[str, Any] = {}  # run name -> PortForward
 
     @classmethod
@@ -129,13 +130,14 @@ class KubernetesBackend:
         before anything is applied (a missing weights claim); a deploy that fails half-way
         deletes what it applied, so a retry never competes with its own leftovers for GPUs."""
         objs = render_arm(plan, arm, key, namespace=self.namespace)
-        if objs[0]["kind"] == "Namespace":
-            ns_obj = objs.pop(0)
-            if self.api.get("Namespace", ns_obj["metadata"]["name"]) is None:
-                self.api.apply(ns_obj)
+        owned = objs[0]["kind"] == "Namespace"  # the tool's own namespace for the experiment
+        if owned:
+            self._ensure_namespace(objs.pop(0), float(plan.kubernetes.startup_timeout_s))
         owner, rest = objs[0], objs[1:]
         ns = owner["metadata"]["namespace"]
         self._namespaces.setdefault(key.experiment, set()).add(ns)
+        if not owned:
+            self._given.setdefault(key.experiment, set()).add(ns)
         self._check_weights(plan, ns)
         owner["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: plan_hash(plan)}
         applied: list[tuple[str, str]] = []
@@ -173,6 +175,28 @@ class KubernetesBackend:
                 gpu_values=list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
             ),
         )
+
+    def _ensure_namespace(self, ns_obj: dict[str, Any], wait_s: float) -> None:
+        """The experiment's own namespace, created if missing. One still being deleted (the
+        final cleanup of a failed attempt of this experiment, just rerun) refuses new objects
+        until it is gone: waited for, up to ``wait_s``."""
+        name = ns_obj["metadata"]["name"]
+        deadline = time.monotonic() + wait_s
+        shown = False
+        while True:
+            current = self.api.get("Namespace", name)
+            if current is None:
+                self.api.apply(ns_obj)
+                return
+            if not (current.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            if time.monotonic() >= deadline:
+                raise TransientError(f"namespace {name} is still being deleted after {wait_s:.0f}s (the "
+                                     "cleanup of an earlier attempt of this experiment)", delay=30.0)
+            if not shown:
+                self.log(f"namespace {name} is being deleted (an earlier attempt's cleanup): waiting")
+                shown = True
+            time.sleep(self.poll_s)
 
     def _check_weights(self, plan: Plan, ns: str) -> None:
         claim = plan.kubernetes.model_cache_pvc
@@ -346,7 +370,7 @@ class KubernetesBackend:
             from orchestrator.backends.kubernetes.portforward import PortForward
 
             router = next(p for p in pods if pod_state(p).role == "router")
-            pf = PortForward(self.api.api_client, h.namespace, router["metadata"]["name"], HTTP_PORT)
+            pf = PortForward(self.api.api_client, h.namespace, router["metadata"]["name"], HTTP_PORT, log=self.log)
             self._forwards[h.run] = pf
             url, mode = pf.url, "port-forward"
         deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics)
@@ -387,7 +411,11 @@ class KubernetesBackend:
     def cleanup(self, experiment: str, final: bool = False) -> int:
         """Delete every object labelled with ``experiment`` in the namespaces it may use;
         ``final``: also the namespace the backend created for the experiment (not earlier: a
-        namespace being deleted refuses new objects for a while)."""
+        namespace being deleted refuses new objects for a while).
+
+        Only that namespace (``orch-<experiment>``, labelled as ours) is ever read or deleted:
+        a configured namespace (ORCH_K8S_NAMESPACE: the chart's, whose Role grants nothing on
+        namespaces) or one the plan names is the user's, and is never looked at."""
         namespaces = set(self._namespaces.get(experiment, set()))
         namespaces.add(self.namespace or naming.experiment_namespace(experiment))
         selector = f"{naming.EXPERIMENT_LABEL}={naming.label_value(experiment.lower())}"
@@ -396,14 +424,28 @@ class KubernetesBackend:
             for kind in RUN_KINDS:
                 for obj in self.api.list(kind, ns, labels=selector):
                     removed += self.api.delete(kind, obj["metadata"]["name"], ns)
-        if final:  # by name (get + delete: no cluster-wide list of namespaces needed)
-            want = {naming.EXPERIMENT_LABEL: naming.label_value(experiment.lower()), **naming.MANAGED_BY}
-            for ns in sorted(namespaces):
-                labels = ((self.api.get("Namespace", ns) or {}).get("metadata") or {}).get("labels") or {}
+        if final:
+            own = self._own_namespace(experiment)
+            if own is not None:  # by name (get + delete: no cluster-wide list of namespaces needed)
+                want = {naming.EXPERIMENT_LABEL: naming.label_value(experiment.lower()), **naming.MANAGED_BY}
+                labels = ((self.api.get("Namespace", own) or {}).get("metadata") or {}).get("labels") or {}
                 if all(labels.get(k) == v for k, v in want.items()):
-                    removed += self.api.delete("Namespace", ns)
+                    removed += self.api.delete("Namespace", own)
             self._namespaces.pop(experiment, None)
+            self._given.pop(experiment, None)
         return removed
+
+    def _own_namespace(self, experiment: str) -> str | None:
+        """The namespace this backend creates for ``experiment`` (``orch-<experiment>``), or
+        None where it creates none: a namespace is configured, or this process deployed the
+        experiment only into namespaces given to it (the plan's)."""
+        if self.namespace is not None:
+            return None
+        own = naming.experiment_namespace(experiment)
+        deployed = self._namespaces.get(experiment, set())
+        if deployed and own not in deployed - self._given.get(experiment, set()):
+            return None
+        return own
 
 
 def measure_path(url: str, samples: int = 30) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Read pod status the way an operator would: ready, pending and why, crash-looping and why,
-and say which of these waiting cannot fix (with the fix) and which it may (image pulls, busy
-GPUs)."""
+and say which of these waiting cannot fix (with the fix: an image the registry does not have,
+a crash loop) and which it may (a pull failing for now, busy GPUs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ FATAL_WAITING = {"CrashLoopBackOff", "InvalidImageName", "CreateContainerConfigE
 # A pull that failed is retried by the kubelet with backoff (a registry hiccup, a rate limit, a
 # mirror catching up): waited for, up to the start-up budget, and shown.
 PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
+# ... unless the registry said the image is not there (containerd: "<ref>: not found", a
+# registry's "manifest unknown", Docker Hub's "pull access denied, repository does not exist or
+# may require authorization"): no retry brings it, so the run fails at once naming the image.
+IMAGE_MISSING = ("not found", "manifest unknown", "repository does not exist", "pull access denied")
 # The scheduler's words for "no node has the labels this pod requires".
 NO_MATCHING_NODE = ("didn't match Pod's node affinity/selector", "node(s) didn't match")
 
@@ -63,6 +67,12 @@ def pod_state(pod: dict[str, Any]) -> PodState:
     fatal = pulling = None
     for cs in status.get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PULL_WAITING and image_missing(waiting.get("message") or ""):
+            fatal = (f"container {cs.get('name')} {waiting['reason']}: image {cs.get('image') or '?'} cannot be "
+                     f"pulled: {waiting.get('message')} (the image or its tag does not exist in the registry, or "
+                     "the nodes may not read it: check kubernetes.image_repository and the engine version, "
+                     "kubernetes.router_image, kubernetes.image_pull_secrets)")
+            break
         if waiting.get("reason") in PULL_WAITING:
             pulling = f"container {cs.get('name')} {waiting['reason']}" + (
                 f": {waiting['message']}" if waiting.get("message") else "")
@@ -85,6 +95,12 @@ def pod_state(pod: dict[str, Any]) -> PodState:
         fatal_reason=fatal,
         pulling=pulling,
     )
+
+
+def image_missing(message: str) -> bool:
+    """Whether a pull failure's message says the image does not exist (or may not be read)."""
+    text = message.lower()
+    return any(s in text for s in IMAGE_MISSING)
 
 
 def no_matching_node(state: PodState) -> bool:
