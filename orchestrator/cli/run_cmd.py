@@ -227,16 +227,21 @@ def _experiment_doc(store: StoreLike, key: str) -> tuple[dict, int]:
 def verdict(
     experiment: str = typer.Argument(..., help="Experiment name or id."),
     gate: bool = typer.Option(False, "--gate", help="Exit 0 all accepted, 3 rejected, 4 inconclusive, 5 a run invalid."),
-    verify: bool = typer.Option(False, "--verify", help="Recompute each finished run's digest; exit "
-                                f"{VERIFY_EXIT} (one line per run) if its records changed since it finished."),
+    verify: bool = typer.Option(False, "--verify", help="Recompute each finished run's digest and each "
+                                f"bar's verdict; exit {VERIFY_EXIT} (one line per run or bar) if its records "
+                                "changed since it finished or a stored verdict is not what they give."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Bar verdicts of an experiment with estimates and intervals."""
+    """Bar verdicts of an experiment with estimates and intervals (--gate, --verify: judged again)."""
+    from orchestrator.cli.verdict_verify import recheck
     from orchestrator.store import Store
 
     with Store.open() as store:
         doc, code = _experiment_doc(store, experiment)
         checks = store.verify_digests(doc["experiment"]["id"]) if verify else []
+        # --gate and --verify never trust a stored verdict: every bar is judged again (issue 30).
+        differ = recheck(store, doc, _judged_row) if gate or verify else []
+        code = doc["gate_exit_code"]
     changed = [c for c in checks if c.changed]
     if verify:
         doc["verify"] = {"checked": sum(c.stored is not None for c in checks),
@@ -248,7 +253,9 @@ def verdict(
         stored = (c.stored or "")[:12]
         sys.stderr.write(f"run {c.run_id} (block {c.block}, arm {c.arm}, attempt {c.attempt}): records changed "
                          f"since the run finished (digest stored {stored}, now {c.actual[:12]})\n")
-    if changed:
+    for line in differ:
+        sys.stderr.write(line + "\n")
+    if changed or differ:
         raise typer.Exit(VERIFY_EXIT)
     if gate and code:
         raise typer.Exit(code)
@@ -278,6 +285,7 @@ def status(
             plan = plan_from_canonical(store.get_registration(e.registration_id).canonical_json)
             docs.append({
                 "id": e.id, "name": e.name, "status": e.status, "plan": plan.name,
+                "reason": _failed_reason(e.status, runs),
                 "created_at": e.created_at.isoformat(),
                 "runs_valid": sum(1 for r in runs if r.valid),
                 "runs_planned": len(plan.arms) * plan.design.blocks,
@@ -290,12 +298,22 @@ def status(
     if not docs:
         say("no experiments yet: `orch run FILE` or `orch demo`")
     for d in docs:
-        say(f"{d['name']} (id {d['id']}): {d['status']}, {d['runs_valid']}/{d['runs_planned']} valid runs")
+        say(f"{d['name']} (id {d['id']}): {d['status']}, {d['runs_valid']}/{d['runs_planned']} valid runs"
+            + (f"; {d['reason']}" if d["reason"] else ""))
         if experiment:
             for r in d["runs"]:
                 say(f"  block {r['block']} arm {r['arm']} attempt {r['attempt']}: {r['status']}"
                     + ("" if r["valid"] or r["status"] == "running" else f" INVALID: {r['reason']}"))
     sys.stdout.flush()
+
+
+def _failed_reason(status: str, runs: list[Any]) -> str | None:
+    """Why a failed experiment stopped: the reason stored with its last failed run (the
+    PermanentError that stopped it; None for any other status, or when no run failed)."""
+    if status != "failed":
+        return None
+    failed = [r for r in runs if r.status == "failed" and r.invalid_reason]
+    return max(failed, key=lambda r: r.id).invalid_reason if failed else None
 
 
 def _watch(experiment: str, interval: float) -> None:

@@ -5,6 +5,14 @@ Resumable: everything is in the store as it happens. Started again on the same p
 runs an earlier process left half-done as aborted (their records are kept), cleans up what
 that process left running, and continues at the first (block, arm) without a valid run. It
 never runs an edited plan under an old registration.
+
+A PermanentError (a 403, no node with the GPU type, a Pod Security refusal, an image that
+never pulls, a deterministic guard failure) stops the experiment as ``failed``: the backend
+deletes every object and namespace it created for it, and the error names the remedy. Run
+again on the same plan once that is fixed, the failed experiment resumes like an interrupted
+one (its records kept) and runs to done; a run that failed permanently does not count against
+``design.max_retries``. An interruption, a transient error, a database outage or a lost lease
+leave the experiment ``running`` (resumable) as before.
 """
 
 from __future__ import annotations
@@ -57,6 +65,23 @@ from orchestrator.store.rows import Registration
 
 class RunInvalid(Exception):
     """A run that may not be counted; the message is stored as its reason."""
+
+
+# How the reason of a run stopped by a PermanentError begins (``orch status`` shows it).
+PERMANENT_REASON = "PermanentError: "
+
+
+class ExperimentFailed(PermanentError):
+    """The experiment stopped for a PermanentError (``__cause__``): stored as ``failed``, what
+    the backend created for it deleted. One line: the experiment, the reason, how to resume."""
+
+    def __init__(self, experiment: str, cause: PermanentError, cleanup_error: str | None = None):
+        self.experiment = experiment
+        self.reason = " | ".join(line.strip() for line in str(cause).splitlines() if line.strip())
+        left = (f"; cleaning up failed too ({cleanup_error}): `orch run` of the plan cleans up again"
+                if cleanup_error else "")
+        super().__init__(f"experiment {experiment} failed: {self.reason}{left}; fix that and run the same "
+                         "plan again to resume it (its records are kept)")
 
 
 @dataclass
@@ -117,17 +142,20 @@ class Executor:
 
     # -- experiment lifecycle -----------------------------------------------------------------
     def prepare(self, plan: Plan, new: bool = False, name: str | None = None) -> tuple[Registration, int, bool]:
-        """Register the plan; resume its unfinished experiment or create one. Refuses an edited
-        plan whose unfinished experiment runs under an older registration."""
+        """Register the plan; resume its unfinished (queued, running) or failed experiment, or
+        create one. Refuses an edited plan whose unfinished experiment runs under an older
+        registration (a failed one under another registration is left as it is)."""
         reg = self.store.register_plan(plan)
         if not new:
             for exp in self.store.list_experiments():
-                if exp.status not in ("queued", "running"):
+                if exp.status not in RESUMABLE_STATUSES:
                     continue
                 other = self.store.get_registration(exp.registration_id)
                 if other.name != plan.name or (name and exp.name != name):
                     continue
                 if other.sha256 != reg.sha256:
+                    if exp.status == "failed":
+                        continue  # a failed experiment resumes under its own plan only; an edited one starts anew
                     raise UserError(
                         f"experiment {exp.name} of plan {plan.name} is unfinished under registration "
                         f"{other.sha256[:12]}, but this file hashes to {reg.sha256[:12]}: the plan was "
@@ -192,23 +220,25 @@ class Executor:
         self._take_lease(base, exp_id)
         exp = self.store.get_experiment(exp_id)
         logs.bind(experiment=exp.name, block=None, arm=None, attempt=None)
+        was = exp.status
         self.store.set_experiment_status(exp_id, "running", controller_id=self.session)
-        self._recover(exp_id, exp.name)
-        if resumed:
-            self.progress.note(f"resuming experiment {exp.name} (id {exp_id})")
-        else:
-            self.progress.note(f"experiment {exp.name} (id {exp_id}), plan sha256 {reg.sha256[:16]}")
-        order = block_order(plan.design, tuple(plan.arms))
-        if self.config.max_blocks is not None:
-            order = order[: self.config.max_blocks]
-        self.progress.blocks(len(order))
-        valid = {(r.block, r.arm) for r in self.store.runs(exp_id) if r.status == "done" and r.valid}
-        self.progress.schedule(sum(len(arms) for _, arms in order),
-                               sum(1 for b, arms in order for a in arms if (b, a) in valid),
-                               point_seconds(plan.search.point_s, plan.search.warmup_s, plan.search.cooldown_s),
-                               plan.search.max_points)
-        config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
         try:
+            self._recover(exp_id, exp.name)
+            if resumed:
+                self.progress.note(f"resuming experiment {exp.name} (id {exp_id})"
+                                   + (", which had failed" if was == "failed" else ""))
+            else:
+                self.progress.note(f"experiment {exp.name} (id {exp_id}), plan sha256 {reg.sha256[:16]}")
+            order = block_order(plan.design, tuple(plan.arms))
+            if self.config.max_blocks is not None:
+                order = order[: self.config.max_blocks]
+            self.progress.blocks(len(order))
+            valid = {(r.block, r.arm) for r in self.store.runs(exp_id) if r.status == "done" and r.valid}
+            self.progress.schedule(sum(len(arms) for _, arms in order),
+                                   sum(1 for b, arms in order for a in arms if (b, a) in valid),
+                                   point_seconds(plan.search.point_s, plan.search.warmup_s, plan.search.cooldown_s),
+                                   plan.search.max_points)
+            config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
             for block, arms in order:
                 for position, arm in enumerate(arms):
                     self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
@@ -216,6 +246,8 @@ class Executor:
                 self.progress.block_done()
         except (DatabaseOutage, LeaseLost):
             raise  # the store cannot, or must not, be written; the experiment stays resumable
+        except PermanentError as e:
+            raise self._fail(exp_id, exp.name, e) from e
         except BaseException:
             self.store.set_experiment_status(exp_id, "running")  # resumable; status stays open
             raise
@@ -231,6 +263,24 @@ class Executor:
             self.backend.cleanup(exp.name, final=True)
         complete = experiment_complete(self.store, exp_id, plan)
         return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, bars, complete, resumed)
+
+    def _fail(self, exp_id: int, exp_name: str, e: PermanentError) -> ExperimentFailed:
+        """What waiting or retrying cannot fix stopped the experiment: it is stored as failed,
+        and the backend deletes everything it created for it (its namespace too). The error
+        to raise, naming the reason; a failed cleanup is said in it, never raised over it."""
+        try:
+            self.store.set_experiment_status(exp_id, "failed")
+        except (DatabaseOutage, LeaseLost) as again:  # not stored: it stays running (resumable)
+            self.progress.note(f"could not store experiment {exp_name} as failed ({first_line(again)})")
+        cleanup_error = None
+        try:
+            removed = self.backend.cleanup(exp_name, final=True)
+            if removed:
+                self.progress.note(f"experiment {exp_name} failed: deleted {removed} object(s) it left")
+        except Exception as again:  # noqa: BLE001 - the original failure is the one to report
+            cleanup_error = first_line(again)
+            self.progress.note(f"experiment {exp_name} failed, and cleaning up failed too: {cleanup_error}")
+        return ExperimentFailed(exp_name, e, cleanup_error)
 
     def _recover(self, exp_id: int, exp_name: str) -> None:
         """Runs left 'running' by a process that died are aborted (records kept); its processes
@@ -250,7 +300,10 @@ class Executor:
         prior = [r for r in self.store.runs(exp_id) if r.block == block and r.arm == arm]
         if any(r.status == "done" and r.valid for r in prior):
             return None
-        failures = sum(1 for r in prior if r.status == "failed")
+        # A run stopped by a PermanentError is not a retry spent: the experiment stopped there,
+        # and a later process runs again once the cause is fixed.
+        failures = sum(1 for r in prior if r.status == "failed"
+                       and not (r.invalid_reason or "").startswith(PERMANENT_REASON))
         attempt = 1 + max((r.attempt for r in prior), default=-1)
         last: RunSummary | None = None
         while failures <= plan.design.max_retries:
@@ -326,7 +379,7 @@ class Executor:
             self.progress.run_done(f"block {block} arm {arm}: ABORTED ({e})")
             raise
         except PermanentError as e:
-            reason = f"PermanentError: {e}"
+            reason = f"{PERMANENT_REASON}{e}"
             self.store.finish_run(run_id, "failed", False, reason, record())
             self.progress.run_done(f"block {block} arm {arm}: FAILED ({reason}); not retried")
             raise
@@ -476,6 +529,9 @@ class Executor:
         if not result.passed:
             self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
 
+
+# Experiments `orch run` of the same plan resumes (a failed one once its cause is fixed).
+RESUMABLE_STATUSES = ("queued", "running", "failed")
 
 # Guards whose failure is decided by the plan and the served model alone, not by the run: a
 # retry would measure the same failure (issue 32), so the experiment stops with the remedy.
