@@ -2,7 +2,11 @@
 
 Each bar compares its own pair of arms (``Bar.compare``: B/A, or C/A in a plan of three arms):
 its per-block ratio is taken between the two runs of that pair in the same block, and every
-bar of the plan is one family for Holm's correction (``analysis.stats.judge_bars``)."""
+bar of the plan is one family for Holm's correction (``analysis.stats.judge_bars``).
+
+A stored verdict is never trusted (issue 30): ``recheck_verdicts`` judges every bar again from
+the stored records and the registered plan, with the judge the executor used, and says where
+the latest stored verdict differs from it (`orch verdict --verify` and `--gate` exit 6 then)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from orchestrator.plan import Bar, Plan
 if TYPE_CHECKING:
     import pandas as pd
 
-    from orchestrator.store import StoreLike
+    from orchestrator.store import StoreLike, VerdictInfo
 
 BACK_TO_BACK = "back_to_back"
 
@@ -222,3 +226,78 @@ def gate_code(verdicts: list[str], incomplete: bool) -> int:
     if "INCONCLUSIVE" in verdicts:
         return 4
     return 0
+
+
+# Estimates and bounds recomputed from the same records by the same code are bit-identical;
+# the tolerance only absorbs a database that rounds a double on the way (none of ours does).
+SAME_REL = 1e-9
+
+
+def _same(stored: float | None, judged: float) -> bool:
+    now = _finite(judged)
+    if stored is None or now is None:
+        return stored is None and now is None
+    return math.isclose(stored, now, rel_tol=SAME_REL, abs_tol=1e-12)
+
+
+def _number(x: float | None) -> str:
+    return "none" if x is None or not math.isfinite(x) else f"{x:.6g}"
+
+
+@dataclass(frozen=True)
+class VerdictCheck:
+    """A bar's latest stored verdict (None: never stored) against the one the stored records
+    and the registered plan give now. ``superseded``: stored before the experiment's last run
+    finished while the experiment is not done (an earlier, partial judgement a resume has not
+    replaced yet): reported, not compared. A done experiment's verdicts were judged after its
+    last run, so each must be what its records give."""
+
+    judged: BarOutcome
+    stored: VerdictInfo | None
+    superseded: bool = False
+
+    @property
+    def bar_id(self) -> str:
+        return self.judged.bar.id
+
+    @property
+    def differs(self) -> bool:
+        s, j = self.stored, self.judged.judgement
+        if s is None or self.superseded:
+            return False
+        return (s.verdict != j.verdict or s.blocks != j.n
+                or not all(_same(a, b) for a, b in ((s.estimate, j.estimate), (s.lower, j.lower), (s.upper, j.upper))))
+
+    def line(self) -> str:
+        """One line for `orch verdict --verify` (bar, stored vs recomputed verdict and estimate)."""
+        s, j = self.stored, self.judged.judgement
+        assert s is not None  # only a stored verdict can differ
+        return (f"bar {self.bar_id}: stored verdict {s.verdict} (estimate {_number(s.estimate)}, "
+                f"{s.blocks} blocks) is not what its records give: {j.verdict} (estimate {_number(j.estimate)}, "
+                f"{j.n} blocks); the stored verdict is not trusted")
+
+    def to_dict(self) -> dict[str, Any]:
+        s, j = self.stored, self.judged.judgement
+        return {
+            "bar": self.bar_id, "differs": self.differs, "superseded": self.superseded,
+            "stored": None if s is None else {"verdict": s.verdict, "estimate": s.estimate, "lower": s.lower,
+                                              "upper": s.upper, "blocks": s.blocks},
+            "recomputed": {"verdict": j.verdict, "estimate": _finite(j.estimate), "lower": _finite(j.lower),
+                           "upper": _finite(j.upper), "blocks": j.n},
+        }
+
+
+def recheck_verdicts(store: StoreLike, experiment_id: int, plan: Plan) -> list[VerdictCheck]:
+    """Every bar of ``plan`` judged again from the stored records (``judge_experiment``, as the
+    executor judges before ``record_verdict``), each with the latest verdict stored for it."""
+    outcomes = judge_experiment(store, experiment_id, plan)
+    stored = {v.bar_id: v for v in store.verdicts(experiment_id)}
+    done = store.get_experiment(experiment_id).status == "done"
+    finished = [r.finished_at for r in store.runs(experiment_id) if r.finished and r.finished_at is not None]
+    last = max(finished, default=None)
+    out = []
+    for o in outcomes:
+        s = stored.get(o.bar.id)
+        stale = s is not None and not done and last is not None and s.judged_at < last
+        out.append(VerdictCheck(o, s, stale))
+    return out

@@ -19,6 +19,15 @@ Two things live here:
   (``OPTIONAL_FIELDS``: ``server_prompt_tokens``, migration 0008) is appended to its row only
   when it is not NULL, so a run finished before the field existed (NULL in every row) keeps the
   digest it was stored with, and a value set later still changes the digest.
+
+  Version 2 (issue 30; the digest of every run finished since): the tag ``orch-run-digest/2``,
+  the lines of version 1, then one line per load point ordered by (seq, id), as ["point", seq,
+  valid], and last the run's own outcome, as ["run", status, valid, invalid_reason]. So an edit
+  of a finished run's status, validity or reason, or of a point's validity, changes the digest
+  too. A digest is checked against version 2 first and against version 1 only when version 2
+  does not match (a run finished before version 2: its status is not covered); the stored
+  value carries no version (a column of 64 characters; a new one would need the runtime
+  role's grants changed).
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from orchestrator.records import RECORD_FIELDS
-from orchestrator.store.models import Capacity, LoadPoint, MaintenanceFlag, Request
+from orchestrator.store.models import Capacity, LoadPoint, MaintenanceFlag, Request, Run
 
 DIGEST_TAG = "orch-run-digest/1"
+DIGEST_TAG_V2 = "orch-run-digest/2"
+DIGEST_VERSION = 2  # what finish_run stores now
 # Record fields added after digest version 1: hashed only where not NULL (see above).
 OPTIONAL_FIELDS = ("server_prompt_tokens",)
 if RECORD_FIELDS[-len(OPTIONAL_FIELDS):] != OPTIONAL_FIELDS:  # they must be the trailing fields
@@ -104,8 +115,16 @@ def _kind(column: sa.ColumnElement[Any]) -> type:
     return str
 
 
-def run_digest(conn: sa.Connection | Session, run_id: int) -> str:
-    """sha256 (hex) of a run's request records and capacities, as defined above."""
+RunOutcome = tuple[str, bool | None, str | None]  # (status, valid, invalid_reason)
+
+
+def run_digest(conn: sa.Connection | Session, run_id: int, outcome: RunOutcome | None = None,
+               version: int = DIGEST_VERSION) -> str:
+    """sha256 (hex) of a run's records (and, from version 2, its points' validity and its
+    ``outcome``: the row's own status, validity and reason unless given, as ``finish_run`` gives
+    them before it writes them), as defined above."""
+    if version not in (1, 2):
+        raise ValueError(f"no run digest version {version}")
     req_cols = [Request.__table__.c[f] for f in RECORD_FIELDS]
     requests = (
         sa.select(LoadPoint.seq, *req_cols)
@@ -115,7 +134,7 @@ def run_digest(conn: sa.Connection | Session, run_id: int) -> str:
     )
     cap_cols = [Capacity.__table__.c[f] for f in CAPACITY_FIELDS]
     capacities = sa.select(*cap_cols).where(Capacity.run_id == run_id).order_by(Capacity.class_name)
-    h = hashlib.sha256(DIGEST_TAG.encode() + b"\n")
+    h = hashlib.sha256((DIGEST_TAG if version == 1 else DIGEST_TAG_V2).encode() + b"\n")
     kinds = (int, *(_kind(c) for c in req_cols))
     n_base = 1 + len(RECORD_FIELDS) - len(OPTIONAL_FIELDS)
     for row in conn.execute(requests.execution_options(yield_per=5000)):
@@ -127,4 +146,14 @@ def run_digest(conn: sa.Connection | Session, run_id: int) -> str:
     kinds = tuple(_kind(c) for c in cap_cols)
     for row in conn.execute(capacities):
         h.update(_canonical(tuple(row), kinds))
+    if version == 1:
+        return h.hexdigest()
+    points = sa.select(LoadPoint.seq, LoadPoint.valid).where(LoadPoint.run_id == run_id).order_by(
+        LoadPoint.seq, LoadPoint.id)
+    for seq, valid in conn.execute(points):
+        h.update(_canonical(("point", seq, valid), (str, int, bool)))
+    if outcome is None:
+        row = conn.execute(sa.select(Run.status, Run.valid, Run.invalid_reason).where(Run.id == run_id)).one()
+        outcome = (row[0], row[1], row[2])
+    h.update(_canonical(("run", *outcome), (str, str, bool, str)))
     return h.hexdigest()

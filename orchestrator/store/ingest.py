@@ -50,6 +50,10 @@ class DuplicateRequestRecords(PermanentError):
     """A batch repeats a request already stored for the point."""
 
 
+class RecordsRefused(PermanentError):
+    """A batch for a point whose run has finished (records are append-only while a run runs)."""
+
+
 class UnknownPoint(PermanentError):
     """A batch names a load point that does not exist (never recorded, or deleted)."""
 
@@ -73,11 +77,21 @@ def ingest_requests(engine: sa.Engine, point_id: int, records: Iterable[RequestR
             return _copy(engine, point_id, record_rows(point_id, records), fence)
         return _executemany(engine, point_id, record_rows(point_id, records), fence)
     except IntegrityError as e:
-        raise _duplicate(point_id, e) from None
+        raise _refused(point_id, e) or _duplicate(point_id, e) from None
     except Exception as e:  # psycopg's own errors come straight from COPY, unwrapped
+        if (refused := _refused(point_id, e)) is not None:
+            raise refused from None
         if type(e).__name__ in ("UniqueViolation", "ForeignKeyViolation"):
             raise _duplicate(point_id, e) from None
         raise
+
+
+def _refused(point_id: int, e: Exception) -> RecordsRefused | None:
+    """The append-only triggers' refusal (migration 0011: the point's run is not running), not a duplicate."""
+    first = str(getattr(e, "orig", e)).strip().splitlines()
+    if not first or "append-only" not in first[0]:
+        return None
+    return RecordsRefused(f"cannot store request records of point {point_id}: {first[0]}")
 
 
 def _duplicate(point_id: int, e: Exception) -> DuplicateRequestRecords:

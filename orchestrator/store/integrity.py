@@ -31,7 +31,8 @@ class StoreConflict(PermanentError):
 @dataclasses.dataclass(frozen=True)
 class DigestCheck:
     """A finished run's stored digest against the one its records give now (``stored`` None:
-    finished before digests were kept, not checked)."""
+    finished before digests were kept, not checked). ``version``: the digest version it was
+    checked at (appendonly: 1 only for a run finished before version 2 whose records match)."""
 
     run_id: int
     arm: str
@@ -39,6 +40,7 @@ class DigestCheck:
     attempt: int
     stored: str | None
     actual: str
+    version: int = 2
 
     @property
     def changed(self) -> bool:

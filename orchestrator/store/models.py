@@ -396,3 +396,16 @@ class MaintenanceFlag(Base):
 
 
 REQUEST_COLUMNS: tuple[str, ...] = tuple(c.name for c in Request.__table__.columns)
+
+
+class StoreIdentity(Base):
+    """The database's identity (migration 0011): one row, a random id written once at upgrade
+    and never changed. A spool file is keyed by it (control/spool.py), so records spooled
+    against one database are never replayed into another."""
+
+    __tablename__ = "store_identity"
+    __table_args__ = (sa.CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    identity: Mapped[str] = mapped_column(sa.String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.store.rows import ExperimentInfo, GuardRecord, Registration, RunInfo, VerdictInfo
+from orchestrator.store.rows import (
+    ExperimentInfo,
+    GuardRecord,
+    PointOwner,
+    Registration,
+    RunInfo,
+    VerdictInfo,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,6 +97,10 @@ class StoreLike(Protocol):
     ) -> None: ...
 
     def points(self, run_id: int) -> pd.DataFrame: ...
+
+    def identity(self) -> str: ...
+
+    def point_owner(self, point_id: int) -> PointOwner: ...
 
     def ingest_requests(self, point_id: int, records: Iterable[RequestRecord]) -> int: ...
 

@@ -43,6 +43,7 @@ from orchestrator.store.models import (
     MetricSample,
     PlanRegistration,
     Run,
+    StoreIdentity,
 )
 from orchestrator.store.rows import (
     EXPERIMENT_STATUSES,
@@ -50,6 +51,7 @@ from orchestrator.store.rows import (
     TERMINAL_STATUSES,
     ExperimentInfo,
     GuardRecord,
+    PointOwner,
     Registration,
     RunInfo,
     VerdictInfo,
@@ -101,6 +103,7 @@ class Store(HistoryQueries):
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._reg_keys: dict[int, RegistrationKeys] = {}  # registrations never change
+        self._identity: str | None = None  # the database's identity never changes either
 
     def _keys_of(self, s: Session, run: Run) -> RegistrationKeys:
         """The comparable-history keys of a run's registration (store.keys), cached."""
@@ -327,9 +330,11 @@ class Store(HistoryQueries):
             row = s.get(Run, run_id)
             if row is None:
                 raise NotFound(f"no run with id {run_id}")
-            row.digest = run_digest(s, run_id)
+            reason = None if invalid_reason is None else scrub(invalid_reason)
+            # over the records and the outcome written below (appendonly: digest version 2)
+            row.digest = run_digest(s, run_id, (status, bool(valid), reason))
             row.status, row.valid = status, bool(valid)
-            row.invalid_reason = None if invalid_reason is None else scrub(invalid_reason)
+            row.invalid_reason = reason
             row.fingerprint = fp
             for key in ("engine_version", "image_digest", "gpu_type", "driver"):
                 if fp.get(key) is not None:
@@ -343,13 +348,40 @@ class Store(HistoryQueries):
             summaries.refresh(s, row.config_id, classes)
 
     def verify_digests(self, experiment_id: int) -> list[DigestCheck]:
-        """Every finished run's stored digest against its records now (``orch verdict --verify``)."""
+        """Every finished run's stored digest against its records and outcome now (``orch
+        verdict --verify``): version 2, else version 1 for a run finished before version 2
+        (appendonly)."""
         with self._sessions.begin() as s:
             runs = s.scalars(
                 sa.select(Run).where(Run.experiment_id == experiment_id, Run.status != "running")
                 .order_by(Run.block, Run.position, Run.attempt)
             ).all()
-            return [DigestCheck(r.id, r.arm, r.block, r.attempt, r.digest, run_digest(s, r.id)) for r in runs]
+            out = []
+            for r in runs:
+                actual, version = run_digest(s, r.id, (r.status, r.valid, r.invalid_reason)), 2
+                if r.digest is not None and r.digest != actual and run_digest(s, r.id, version=1) == r.digest:
+                    actual, version = r.digest, 1
+                out.append(DigestCheck(r.id, r.arm, r.block, r.attempt, r.digest, actual, version))
+            return out
+
+    def identity(self) -> str:
+        """This database's identity (``store_identity``, written once by migration 0011)."""
+        if self._identity is None:
+            with self._sessions() as s:
+                found = s.scalar(sa.select(StoreIdentity.identity).where(StoreIdentity.id == 1))
+            if found is None:
+                raise EnvironmentProblem("the database has no store identity (migration 0011): run `orch db upgrade`")
+            self._identity = found
+        return self._identity
+
+    def point_owner(self, point_id: int) -> PointOwner:
+        """The database, experiment and run a load point belongs to, and the run's status."""
+        with self._sessions() as s:
+            row = s.execute(sa.select(Run.experiment_id, Run.id, Run.status).join(LoadPoint, LoadPoint.run_id == Run.id)
+                            .where(LoadPoint.id == point_id)).one_or_none()
+        if row is None:
+            raise NotFound(f"no load point with id {point_id}")
+        return PointOwner(self.identity(), int(row[0]), int(row[1]), str(row[2]))
 
     def runs(self, experiment_id: int) -> list[RunInfo]:
         """Every run of the experiment (all attempts), in execution order."""

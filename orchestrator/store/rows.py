@@ -41,6 +41,18 @@ class ExperimentInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PointOwner:
+    """Whose a load point is: the database (``store``: its identity, migration 0011), the
+    experiment and the run, and the run's status. What a spool file of the point is keyed by
+    and checked against (control/spool.py)."""
+
+    store: str
+    experiment_id: int
+    run_id: int
+    run_status: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     id: int
     experiment_id: int
