@@ -47,6 +47,14 @@ class Endpoint:
     metrics_urls: tuple[str, ...] = ()  # /metrics of every engine worker (and the router)
     # Extra request headers (an API key read from the environment): never printed or stored.
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Where the load generator sends, when it is not this process (an in-cluster generator
+    # reaches the router's Service; this process reaches it through ``url``). None: ``url``.
+    load_url: str | None = None
+
+    @property
+    def send_url(self) -> str:
+        """The base URL the deployment's load driver sends to."""
+        return self.load_url or self.url
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ class VirtualDriver:
     """A deployment's load driver on the simulator's clock (offset 0 of a point = time 0)."""
 
     realtime = False
+    remote = False
 
     def __init__(self, state: _ArmState):
         self.state = state

@@ -46,3 +46,16 @@ def calibrate_cmd(
             f"  {s.chunks_per_s:10.0f} chunks/s  {mark}")
     say(f"ceiling: {result.ceiling_rate:.1f} req/s, {result.ceiling_chunks_per_s:.0f} chunks/s "
         f"({result.client}, {result.output_tokens}-token replies, {result.cpus} CPUs)")
+
+
+@loadgen_app.command("agent")
+def agent_cmd(
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to serve on (a pod's own)."),  # noqa: S104
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to serve on (0: any free one, printed)."),
+) -> None:
+    """The in-cluster load generator: sends each point's load when the controller asks and
+    streams its records back (what `orch run --backend kubernetes` from a workstation deploys
+    next to each arm's router). Runs until SIGTERM."""
+    from orchestrator.loadgen.agent import serve
+
+    serve(host, port)

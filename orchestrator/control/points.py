@@ -222,7 +222,7 @@ class PointRunner:
         plan = self.plan
         seconds = max(2.0, plan.search.warmup_s)
         seed = point_seed(plan.design.seed, block, -1.0, attempt=attempt)
-        send = Send(dep.endpoint.url, dep.endpoint.model, plan.workload.api, None,
+        send = Send(dep.endpoint.send_url, dep.endpoint.model, plan.workload.api, None,
                     timeout_s=seconds + drain_seconds(plan), deadline_s=seconds + drain_seconds(plan),
                     keep_records=False, headers=dep.endpoint.headers)
         sent = self.kind.warm_up(plan, dep.driver, send, seed, seconds)
@@ -259,14 +259,15 @@ class PointRunner:
         sink = SpoolingSink(self.store, point_id, self.spool_dir)
         settle(self.backend, dep, self.metrics(arm))
         before_t, before = time.time(), scrape_samples(self.backend, dep)
-        shards = self.shards_for(rate) if rate is not None else 1
-        send = Send(dep.endpoint.url, dep.endpoint.model, plan.workload.api,
+        # Ray shards are processes of this controller: not for a point sent from the cluster.
+        shards = self.shards_for(rate) if rate is not None and not dep.driver.remote else 1
+        send = Send(dep.endpoint.send_url, dep.endpoint.model, plan.workload.api,
                     watched(sink, self.progress, AttainmentTally(plan.classes, pt.n_window)),
                     timeout_s=pt.duration_s + drain_seconds(plan), deadline_s=pt.duration_s + drain_seconds(plan),
                     keep_records=True, headers=dep.endpoint.headers)
         stops: list[EarlyStop] = []
         stop_when = None
-        if (s.early_stop and kind.stoppable and search_class is not None and shards == 1
+        if (s.early_stop and kind.stoppable and search_class is not None and shards == 1 and not dep.driver.remote
                 and pt.offsets is not None and pt.phases is not None and len(pt.offsets)):
             # Search points only (a bar's fixed-rate point is measured whole), one process only.
             # In-flight requests end as they would at the point's end (the guards judge their

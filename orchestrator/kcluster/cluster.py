@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,7 +31,7 @@ from orchestrator.kcluster.nodes import NodeSpec, default_nodes
 from orchestrator.kcluster.objects import KIND_TO_PLURAL, RESOURCES, Fault, now
 from orchestrator.kcluster.proxy import KubeProxy
 from orchestrator.kcluster.rbac import ADMIN_NAME, ANONYMOUS, BOOTSTRAP
-from orchestrator.kcluster.registry import Registry
+from orchestrator.kcluster.registry import Registry, repository
 from orchestrator.kcluster.selectors import matches_labels
 from orchestrator.kcluster.tls import Certificates, make_certificates, server_factory
 
@@ -455,7 +456,13 @@ class EmulatedCluster:
         return self.registry.exists(image) or self.host_executables(image) is not None
 
     def host_executables(self, image: str) -> dict[str, str] | None:
-        return next((v for k, v in self._host_images.items() if image.startswith(k)), None)
+        """The programs of an image whose containers run their own command here: one a test
+        registered (``run_on_host``), else the orchestrator's own image (any registry, any tag:
+        its ``orch`` is this checkout's, next to this interpreter)."""
+        found = next((v for k, v in self._host_images.items() if image.startswith(k)), None)
+        if found is None and repository(image).rsplit("/", 1)[-1] == "orchestrator":
+            found = {"orch": str(Path(sys.executable).with_name("orch"))}
+        return found
 
     def take_pull_failure(self, image: str) -> bool:
         for key in (image, None):

@@ -310,6 +310,11 @@ def host_launch(c: Obj, pod: Obj, executables: dict[str, str], root: Path,
     argv = [*(c.get("command") or []), *(c.get("args") or [])]
     if not argv:
         raise ContainerError(f"image {c.get('image')!r}: no command (the image's entrypoint is not emulated)")
+    # A pod has a network namespace of its own; here it is its loopback address: a bind to every
+    # address (0.0.0.0) becomes one to the pod's IP, so pods can serve on the same port.
+    pod_ip = (pod.get("status") or {}).get("podIP") or ""
+    argv = [pod_ip if pod_ip and i > 0 and argv[i - 1] == "--host" and a in ("0.0.0.0", "::") else a
+            for i, a in enumerate(argv)]
     env = {e["name"]: here(str(e["value"])) for e in c.get("env") or [] if "value" in e}
     return Launch("host", [executables.get(argv[0], argv[0]), *(here(a) for a in argv[1:])], env=env,
                   details={"mounts": mounts})

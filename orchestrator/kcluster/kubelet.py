@@ -297,7 +297,7 @@ class Kubelet:
             node = self.api.obj_get("nodes", None, run.node) or {}
             host = self.c.host_executables(cr.image)
             if host is not None:
-                launch = host_launch(cr.spec, pod, host, self.logs.parent / "volumes" / run.uid,
+                launch = host_launch(cr.spec, status_pod, host, self.logs.parent / "volumes" / run.uid,
                                      lambda name: self._configmap(run.namespace, name))
             elif is_vllm(cr.spec):
                 launch = vllm_launch(cr.spec, pod, node, run.ip or "")

@@ -24,9 +24,13 @@ from orchestrator.plan import Workload
 
 class LoadDriver(Protocol):
     """Sends one point's load and records every scheduled request (see the module docstring).
-    ``realtime``: False when the point runs on a virtual clock (nothing to scrape during it)."""
+    ``realtime``: False when the point runs on a virtual clock (nothing to scrape during it).
+    ``remote``: the load is sent by another process (``loadgen.remote``: an in-cluster load
+    generator), so no Ray shards of this process and no early stop (its check would have to run
+    where the records are taken)."""
 
     realtime: bool
+    remote: bool
 
     def open_loop(self, url: str, model: str, requests: Sequence[RequestSpec],
                   offsets: Sequence[float] | np.ndarray, phases: Sequence[str], *, api: Api,
@@ -57,6 +61,7 @@ class HttpDriver:
     """The real load generator: streaming HTTP on the wall clock, one process."""
 
     realtime = True
+    remote = False
 
     def open_loop(self, url: str, model: str, requests: Sequence[RequestSpec],
                   offsets: Sequence[float] | np.ndarray, phases: Sequence[str], **kw: Any) -> PointSummary:

@@ -31,6 +31,8 @@ SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUB
 
 
 SGLANG_IMAGE_REPOSITORY = "lmsysorg/sglang"
+# The chart's default image (helm/orchestrator: orchestrator:<appVersion>), the Dockerfile's tag.
+LOADGEN_IMAGE = "orchestrator:0.1.0"
 
 
 def _default_gpu_products() -> dict[str, tuple[str, ...]]:
@@ -94,6 +96,14 @@ class KubernetesSettings(StrictModel):
     router_image: str = Field(
         default="vllm/vllm-router:v0.1.17",
         description="vllm-router image (repository:tag) run in front of every arm.",
+    )
+    loadgen_image: str = Field(
+        default=LOADGEN_IMAGE,
+        min_length=1,
+        max_length=512,
+        description="The orchestrator's own image (repository:tag, what the Dockerfile builds), run "
+        "as each run's in-cluster load generator when orch runs outside the cluster (a "
+        "port-forward for control only; measured traffic stays in the cluster).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy of every container."
@@ -167,8 +177,11 @@ class KubernetesSettings(StrictModel):
     )
     access: Literal["auto", "service", "port-forward"] = Field(
         default="auto",
-        description="How the controller reaches the router: the in-cluster Service, a "
-        "port-forward, or auto (Service when running inside the cluster).",
+        description="Where the load is sent from. service: from this process, to the router's "
+        "in-cluster Service (orch runs in the cluster: orch submit, a pod). port-forward: from a "
+        "load-generator pod of each run (kubernetes.loadgen_image) next to the router, while orch, "
+        "outside the cluster, keeps control over port-forwards. auto: service inside the cluster, "
+        "else port-forward.",
     )
 
     @field_validator("gpu_products")
@@ -203,7 +216,8 @@ class KubernetesSettings(StrictModel):
     @model_serializer(mode="wrap")
     def _omit_default_sglang_image(self, handler: SerializerFunctionWrapHandler) -> Any:
         # Added after plans were registered: left out at its default (every plan keeps its hash).
-        return omit_while(handler(self), {"sglang_image_repository": SGLANG_IMAGE_REPOSITORY})
+        return omit_while(handler(self), {"sglang_image_repository": SGLANG_IMAGE_REPOSITORY,
+                                          "loadgen_image": LOADGEN_IMAGE})
 
     def image_repository_for(self, engine: str) -> str:
         """The image repository of an engine's workers (``vllm`` or ``sglang``)."""

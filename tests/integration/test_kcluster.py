@@ -525,15 +525,19 @@ def test_api_server_semantics_through_the_official_client(kcluster: EmulatedClus
 
 def test_port_forward_from_outside_and_exit_mid_run_stops_every_process() -> None:
     with EmulatedCluster() as cluster:
-        plan = _plan(access="auto")  # outside the cluster with no URL: the backend port-forwards
+        # Outside the cluster with no URL: a load-generator pod sends the load to the router's
+        # Service; this process reaches the router (control) and the generator over port-forwards.
+        plan = _plan(access="auto")
         backend, dep, ns = _deploy(cluster, plan, "B")
         backend.ready(dep, deadline_s=45)
-        assert dep.fingerprint.details["access_path"]["mode"] == "port-forward"
+        path = dep.fingerprint.details["access_path"]
+        assert path["mode"] == "in-cluster load generator" and path["url"] == dep.endpoint.send_url
+        assert dep.endpoint.send_url.startswith("http://127.96.") and dep.driver.remote
         assert dep.endpoint.url.startswith("http://127.0.0.1:")
         assert _stream(dep.endpoint.url, dep.endpoint.model, 12)[1] == 12
-        assert cluster.requests("GET", "/portforward") >= 2, "one websocket stream per connection"
+        assert cluster.requests("GET", "-router-") >= 2 and cluster.requests("GET", "-loadgen-") >= 1
         pids = [p["pid"] for p in cluster.live_processes()]
-        assert len(pids) == 3
+        assert len(pids) == 4  # prefill, decode, router, load generator
     # No teardown: leaving the context stops the processes by process group.
     assert not cluster.live_processes()
     for pid in pids:
@@ -607,8 +611,8 @@ def test_concurrent_port_forward_streams_leave_the_backends_client_alone(kcluste
     earlier = set(threading.enumerate())
     backend, dep, ns = _deploy(kcluster, plan, "A")
     backend.ready(dep, deadline_s=60)
-    assert dep.fingerprint.details["access_path"]["mode"] == "port-forward"
-    url, model = dep.endpoint.url, dep.endpoint.model
+    assert dep.fingerprint.details["access_path"]["mode"] == "in-cluster load generator"
+    url, model = dep.endpoint.url, dep.endpoint.model  # the router's port-forward (control)
     streams, rounds = 12, 3
     opened = kcluster.requests("GET", "/portforward")
     errors: list[str] = []

@@ -566,6 +566,18 @@ def test_network_policy_covers_the_arms_pods_port_by_port() -> None:
         for src in strangers + routers + [colocated] + ([] if is_pd else pd_peers):
             assert not admitted(policies, dest, ROUTER_METRICS_PORT, src), (role, src)
 
+    # A workstation's run sends its load from a pod of its own next to the router (issue 29):
+    # the serving port admits it, nothing else does.
+    from orchestrator.backends.base import RunKey
+    from orchestrator.backends.kubernetes.render import render_load_generator
+
+    plan = load_plan_file(ROOT / "examples" / "disagg-vs-colocated-h200.yaml")
+    run_loadgen = Source.pod(lab(render_load_generator(plan, RunKey("e", "B", 0), "bench")["spec"]["template"]))
+    for dest in workers + [lab(pods["router"]) for pods in (vllm_a, vllm_b, sglang_b)]:
+        assert admitted(policies, dest, HTTP_PORT, run_loadgen), dest[naming.ROLE_LABEL]
+        for port in (ROUTER_METRICS_PORT, NIXL_PORT, SGLANG_BOOTSTRAP_PORT, 22):
+            assert not admitted(policies, dest, port, run_loadgen), (dest[naming.ROLE_LABEL], port)
+
     # The KV hand-off: every port a P/D worker declares beyond the serving port (NIXL's side
     # channel, SGLang's bootstrap) from P/D peers only.
     kv_ports = {(p["containerPort"]) for pods in (vllm_b, sglang_b) for r in ("prefill", "decode")

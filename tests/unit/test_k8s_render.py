@@ -362,3 +362,37 @@ def test_image_pull_secrets_go_into_every_pod_and_bad_names_are_refused() -> Non
     with pytest.raises(PlanError) as err:
         validate_plan(data)
     assert "kubernetes.image_pull_secrets" in "\n".join(err.value.problems)
+
+
+def test_the_load_generator_of_a_run_is_restricted_valid_and_none_of_the_arms_pods() -> None:
+    """Issue 29: outside the cluster each run gets a load-generator Deployment (`orch loadgen
+    agent`, the plan's kubernetes.loadgen_image): valid for every Kubernetes version in range,
+    Pod Security restricted, cleaned up with the experiment's label, and not selected by the
+    arm's run label (so it is never scraped as a worker nor counted in the fingerprint)."""
+    from orchestrator.backends.kubernetes.render import render_load_generator
+    from orchestrator.plan.kubernetes import LOADGEN_IMAGE
+
+    plan = load_plan_file(DISAGG)
+    key = RunKey(plan.name, "B", 1, 2)
+    arm = render_arm(plan, "B", key)
+    ns = arm[-1]["metadata"]["namespace"]
+    obj = render_load_generator(plan, key, ns)
+    assert_valid_k8s(obj, "loadgen:")
+    pod = obj["spec"]["template"]["spec"]
+    assert pod_security_problems(pod, "restricted") == []
+    c = pod["containers"][0]
+    assert c["image"] == LOADGEN_IMAGE and c["command"][:3] == ["orch", "loadgen", "agent"]
+    assert pod["automountServiceAccountToken"] is False  # it never talks to the API server
+    labels = obj["spec"]["template"]["metadata"]["labels"]
+    run_labels = naming.run_labels(key)
+    assert labels[naming.EXPERIMENT_LABEL] == run_labels[naming.EXPERIMENT_LABEL]
+    assert labels[naming.RUN_LABEL] != run_labels[naming.RUN_LABEL]
+    assert labels["app.kubernetes.io/managed-by"] == "orchestrator" and labels[naming.ROLE_LABEL] == "loadgen"
+    assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert obj["metadata"]["namespace"] == ns
+    # The image defaults to the tag the Dockerfile and the chart build (orchestrator:<appVersion>).
+    chart = yaml.safe_load((ROOT / "helm" / "orchestrator" / "Chart.yaml").read_text())
+    assert f"orchestrator:{chart['appVersion']}" == LOADGEN_IMAGE
+    other = validate_plan({**plan.model_dump(mode="json", by_alias=True, exclude_none=True),
+                           "kubernetes": {**plan.kubernetes.model_dump(mode="json"), "loadgen_image": "r.io/o/orch:9"}})
+    assert render_load_generator(other, key, ns)["spec"]["template"]["spec"]["containers"][0]["image"] == "r.io/o/orch:9"

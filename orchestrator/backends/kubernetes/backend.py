@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import httpx
-
 from orchestrator import logs
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.kubernetes import naming
@@ -33,15 +31,19 @@ from orchestrator.backends.kubernetes.diagnose import (
 )
 from orchestrator.backends.kubernetes.render import (
     HTTP_PORT,
+    LOADGEN_ROLE,
     ROUTER_METRICS_PORT,
     kv_transport,
     owner_reference,
     render_arm,
+    render_load_generator,
     weights_source,
 )
 from orchestrator.backends.readiness import wait_until_serving
 from orchestrator.engines import ENGINES, engine_for
-from orchestrator.errors import OrchestratorError, PermanentError, TransientError
+from orchestrator.errors import OrchestratorError, PermanentError, TransientError, UserError
+from orchestrator.loadgen.path import measure_path
+from orchestrator.loadgen.remote import RemoteDriver
 from orchestrator.plan import Plan, plan_hash
 
 _log = logs.get_logger(__name__)
@@ -75,6 +77,8 @@ class KubeHandles:
     gpu_label: str
     gpu_values: list[str]
     restarts_at_ready: int | None = None  # container restarts counted when it became ready
+    # The run's in-cluster load generator (orch outside the cluster): its pods' selector.
+    loadgen_selector: str | None = None
 
 
 class KubernetesBackend:
@@ -102,7 +106,7 @@ class KubernetesBackend:
         self.log = log or _log.info
         self._namespaces: dict[str, set[str]] = {}  # experiment -> namespaces deployed to
         self._given: dict[str, set[str]] = {}  # experiment -> of those, namespaces it did not create
-        self._forwards: dict[str, Any] = {}  # run name -> PortForward
+        self._forwards: dict[str, list[Any]] = {}  # run name -> its PortForwards
 
     @classmethod
     def from_environment(cls, log: Callable[[str], None] | None = None) -> KubernetesBackend:
@@ -130,6 +134,17 @@ class KubernetesBackend:
         before anything is applied (a missing weights claim); a deploy that fails half-way
         deletes what it applied, so a retry never competes with its own leftovers for GPUs."""
         objs = render_arm(plan, arm, key, namespace=self.namespace)
+        use_service = self.endpoint_url is None and self._use_service(plan)
+        # Outside the cluster, the load is sent from a pod next to the router (measured traffic
+        # never crosses the port-forward); this process keeps control.
+        agent = self.endpoint_url is None and not use_service
+        if agent:
+            if plan.workload.kind == "closed":
+                raise UserError(
+                    "workload.closed: a closed loop is measured from inside the cluster only (its users "
+                    "pace themselves by each reply, so they run where orch runs): run it with `orch "
+                    "submit` on the chart, or from a pod in the cluster (kubernetes.access: service)")
+            objs.append(render_load_generator(plan, key, objs[-1]["metadata"]["namespace"]))
         owned = objs[0]["kind"] == "Namespace"  # the tool's own namespace for the experiment
         if owned:
             self._ensure_namespace(objs.pop(0), float(plan.kubernetes.startup_timeout_s))
@@ -169,10 +184,12 @@ class KubernetesBackend:
                 objects=[(o["kind"], o["metadata"]["name"]) for o in objs],
                 deployments=[o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"],
                 router_service=naming.object_name(key, "router"),
-                use_service=self.endpoint_url is None and self._use_service(plan),
+                use_service=use_service,
                 expected_pods=sum(p.replicas for p in arm_spec.pools().values()) + 1,
                 gpu_label=plan.kubernetes.gpu_product_label,
                 gpu_values=list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
+                loadgen_selector=(f"{naming.RUN_LABEL}={naming.label_value(naming.object_name(key, LOADGEN_ROLE))}"
+                                  if agent else None),
             ),
         )
 
@@ -232,21 +249,24 @@ class KubernetesBackend:
         key = deployment.key
         deadline = time.monotonic() + deadline_s
         shown = ""
+        expected = h.expected_pods + (1 if h.loadgen_selector else 0)
         while True:
             pods = self.api.list("Pod", h.namespace, labels=h.run_selector)
-            states = [pod_state(p) for p in pods]
+            loadgen = self.api.list("Pod", h.namespace, labels=h.loadgen_selector) if h.loadgen_selector else []
+            states = [pod_state(p) for p in pods + loadgen]
             self._fail_fast(deployment, states)
-            line = progress_line(states, h.expected_pods)
+            line = progress_line(states, expected)
             if line != shown:
                 self.log(f"arm {key.arm} block {key.block}: {line}")
                 shown = line
-            if len(states) >= h.expected_pods and all(s.ready for s in states):
+            if (len(pods) >= h.expected_pods and len(loadgen) >= expected - h.expected_pods
+                    and all(s.ready for s in states)):
                 break
             if time.monotonic() >= deadline:
                 raise TransientError(self._not_ready_message(deployment, states, deadline_s), delay=30.0)
             time.sleep(self.poll_s)
         self._record_fingerprint(deployment, pods)
-        self._ensure_endpoint(deployment, pods)
+        self._ensure_endpoint(deployment, pods, loadgen)
         self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
 
     def _fail_fast(self, deployment: Deployment, states: list[PodState]) -> None:
@@ -263,7 +283,7 @@ class KubernetesBackend:
                     f"{s.line()}; no node has {h.gpu_label} in {h.gpu_values}: "
                     "check the GPU type, or set kubernetes.gpu_products to this cluster's values"
                 )
-        if len(states) < h.expected_pods:
+        if len(states) < h.expected_pods + (1 if h.loadgen_selector else 0):
             refused = [f"{name}: {msg}" for name in h.deployments
                        if (msg := replica_failure(self.api.get("Deployment", name, ns) or {}))]
             if not refused:
@@ -348,37 +368,53 @@ class KubernetesBackend:
                 versions.add(v)
         return ",".join(sorted(versions)) or None
 
-    def _ensure_endpoint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
-        """Where the load goes: the router Service's cluster IP from inside the cluster, the
-        fixed URL (an ingress) if given, else a port-forward of our own. From outside, the
-        path's own round trip is measured before any point (the access_path guard reads it)."""
+    def _ensure_endpoint(self, deployment: Deployment, pods: list[dict[str, Any]],
+                         loadgen: list[dict[str, Any]]) -> None:
+        """Where the load goes and where control goes. In the cluster: the router Service's
+        cluster IP for both. With a fixed URL (an ingress): that URL. Outside the cluster: the
+        load is sent by the run's load-generator pod to the router's Service, this process
+        sends it each point over a port-forward of that pod, and reaches the router itself
+        (readiness, tokenizer) over a port-forward of its own. The round trip of the load's
+        path is measured from where the load is sent (the access_path guard reads it)."""
         h = deployment.handles_as(KubeHandles)
         ep = deployment.endpoint
         workers = [p for p in pods if pod_state(p).role != "router"]
         metrics = tuple(
             f"http://{(p.get('status') or {}).get('podIP')}:{HTTP_PORT}/metrics" for p in workers
         )
+        load_url: str | None = None
         url, mode = ep.url, "endpoint"
-        if h.use_service:
+        if h.use_service or h.loadgen_selector:
             svc = self.api.get("Service", h.router_service, h.namespace) or {}
             ip = (svc.get("spec") or {}).get("clusterIP")
             if not ip or ip == "None":
                 raise TransientError(f"Service {h.namespace}/{h.router_service} has no cluster IP yet",
                                      delay=5.0)
             url, mode = f"http://{ip}:{HTTP_PORT}", "service"
-        elif not url:  # outside the cluster with no fixed URL: forward a local port to the router
-            from orchestrator.backends.kubernetes.portforward import PortForward
-
-            router = next(p for p in pods if pod_state(p).role == "router")
-            pf = PortForward(self.api.api_client, h.namespace, router["metadata"]["name"], HTTP_PORT, log=self.log)
-            self._forwards[h.run] = pf
-            url, mode = pf.url, "port-forward"
-        deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics)
-        path: dict[str, Any] = {"mode": mode, "url": url}
-        if mode != "service":
+        if h.loadgen_selector:
+            load_url, url = url, self._forward(h, pods, "router").url
+            agent_pf = self._forward(h, loadgen, None)
+            agent = RemoteDriver(agent_pf.url, where=f"the load generator {h.namespace}/{agent_pf.pod}")
+            deployment.driver = agent
+            mode = "in-cluster load generator"
+        deployment.endpoint = Endpoint(url=url, model=ep.model, metrics_urls=metrics, load_url=load_url)
+        path: dict[str, Any] = {"mode": mode, "url": load_url or url}
+        if load_url is not None:
+            path.update(agent.path(load_url))
+        elif mode != "service":
             path.update(measure_path(url))
         deployment.fingerprint = replace(deployment.fingerprint,
                                          details={**deployment.fingerprint.details, "access_path": path})
+
+    def _forward(self, h: KubeHandles, pods: list[dict[str, Any]], role: str | None) -> Any:
+        """A port-forward of this process to the (first) pod of ``role`` (None: any), kept with
+        the run and closed at its teardown."""
+        from orchestrator.backends.kubernetes.portforward import PortForward
+
+        pod = next(p for p in pods if role is None or pod_state(p).role == role)
+        pf = PortForward(self.api.api_client, h.namespace, pod["metadata"]["name"], HTTP_PORT, log=self.log)
+        self._forwards.setdefault(h.run, []).append(pf)
+        return pf
 
     # -- scrape ---------------------------------------------------------------------------
 
@@ -401,8 +437,7 @@ class KubernetesBackend:
     def teardown(self, deployment: Deployment) -> None:
         """Delete the owner (dependents follow) and every object applied; idempotent."""
         h = deployment.handles_as(KubeHandles)
-        pf = self._forwards.pop(h.run, None)
-        if pf is not None:
+        for pf in self._forwards.pop(h.run, []):
             pf.close()
         for kind, name in reversed(h.objects):
             if kind != "Namespace":
@@ -446,25 +481,6 @@ class KubernetesBackend:
         if deployed and own not in deployed - self._given.get(experiment, set()):
             return None
         return own
-
-
-def measure_path(url: str, samples: int = 30) -> dict[str, Any]:
-    """Round trips of ``GET /health`` through the load's path to the router (p50/p99, ms): what
-    a port-forward or ingress adds to every TTFT, measured before the points."""
-    rtts = []
-    with httpx.Client(timeout=10.0) as http:
-        for _ in range(samples):
-            t0 = time.perf_counter()
-            try:
-                http.get(f"{url}/health")
-            except httpx.HTTPError:
-                continue
-            rtts.append((time.perf_counter() - t0) * 1000)
-    if not rtts:
-        return {"rtt_p50_ms": None, "rtt_p99_ms": None, "samples": 0}
-    rtts.sort()
-    return {"rtt_p50_ms": round(rtts[len(rtts) // 2], 3),
-            "rtt_p99_ms": round(rtts[min(len(rtts) - 1, int(0.99 * len(rtts)))], 3), "samples": len(rtts)}
 
 
 def probe_completion(endpoint: Endpoint, deadline_s: float) -> None:

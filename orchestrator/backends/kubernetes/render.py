@@ -373,6 +373,33 @@ def _service(key: RunKey, role: str, ns: str, labels: dict[str, str], headless: 
     return obj
 
 
+LOADGEN_ROLE = "loadgen"
+
+
+def render_load_generator(plan: Plan, key: RunKey, ns: str) -> Obj:
+    """The run's in-cluster load generator (``manifests/loadgen.yaml``: ``orch loadgen agent``
+    in ``kubernetes.loadgen_image``): a Deployment labelled with the experiment (cleaned up with
+    the run) but not with the run's label, so its pod is none of the arm's (not scraped, not in
+    the fingerprint); its own run label selects it."""
+    k = plan.kubernetes
+    obj = base("loadgen", "Deployment")
+    name = naming.object_name(key, LOADGEN_ROLE)
+    labels = {**naming.run_labels(key), naming.RUN_LABEL: naming.label_value(name)}
+    obj["metadata"] = _meta(name, ns, {**obj["metadata"]["labels"], **labels}, LOADGEN_ROLE)
+    obj["spec"]["selector"] = {"matchLabels": {naming.RUN_LABEL: labels[naming.RUN_LABEL],
+                                               naming.ROLE_LABEL: LOADGEN_ROLE}}
+    tpl = obj["spec"]["template"]
+    tpl["metadata"]["labels"] = {**tpl["metadata"]["labels"], **labels, naming.ROLE_LABEL: LOADGEN_ROLE}
+    pull_secrets(tpl["spec"], k.image_pull_secrets)
+    if k.tolerations:  # a cluster of tainted nodes only must still place it
+        tpl["spec"]["tolerations"] = [toleration(t) for t in k.tolerations]
+    c = tpl["spec"]["containers"][0]
+    c["image"] = k.loadgen_image
+    c["imagePullPolicy"] = k.image_pull_policy
+    c["command"] = [*c["command"][:-1], str(HTTP_PORT)]
+    return obj
+
+
 def to_yaml(objs: list[Obj]) -> str:
     """Objects as one multi-document YAML text (stable key order as built)."""
     return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objs)
