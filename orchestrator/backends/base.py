@@ -194,6 +194,11 @@ class Backend(Protocol):
         start on a cluster pulls images and loads weights: minutes)."""
         ...
 
+    def sends_load_here(self, plan: Plan) -> bool:
+        """Whether this process's load generator sends the plan's load (so its ceiling is worth
+        calibrating): not on a virtual clock, nor where a pod in the cluster sends it."""
+        ...
+
     def deploy(self, plan: Plan, arm: str, key: RunKey) -> Deployment:
         """Start the arm's workers and router; return at once (readiness is `ready`).
         A deploy that fails half-way removes what it created before raising."""

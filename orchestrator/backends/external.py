@@ -108,6 +108,9 @@ class ExternalBackend:
         self.timeout_s = timeout_s
         self.log = log or _log.info
 
+    def sends_load_here(self, plan: Plan) -> bool:
+        return True
+
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         """The stack already runs: a short wait covers a restart in progress."""
         return QUICK_START_BUDGET_S

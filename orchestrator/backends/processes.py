@@ -194,6 +194,9 @@ class ProcessBackend:
     def _state(self, key: RunKey) -> StateFile:
         return StateFile(self._run_dir(key) / "processes.json")
 
+    def sends_load_here(self, plan: Any) -> bool:
+        return True
+
     def startup_budget_s(self, plan: Any, arm: str) -> float:
         return QUICK_START_BUDGET_S
 

@@ -413,6 +413,9 @@ class VirtualBackend:
         self.faults = {k: Faults.from_flags(v) for k, v in (faults or {}).items()}
         self.deployed: dict[str, Deployment] = {}
 
+    def sends_load_here(self, plan: Plan) -> bool:
+        return False  # the simulated engine's own clock: no generator
+
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         return QUICK_START_BUDGET_S
 

@@ -68,13 +68,19 @@ def emulate(
     image: list[str] = typer.Option(
         [], "--image", help="A repository whose images exist besides the project's (e.g. ghcr.io/org/*); repeatable."
     ),
+    detach: bool = typer.Option(
+        False, "--detach", help="Start it in the background and return once it serves; stdout is only "
+        '`export KUBECONFIG=...`, so `eval "$(orch k8s emulate --detach)"` points kubectl and orch at it.'),
+    stop_it: bool = typer.Option(False, "--stop", help="Stop the cluster started with --detach (same --kubeconfig)."),
 ) -> None:
     """Run an emulated Kubernetes cluster on loopback until Ctrl-C or SIGTERM: its API server
     (kubectl and `orch run --backend kubernetes` work against it), scheduler, controllers, and a
-    kubelet that runs the simulated engine for vLLM pods and the real vllm-router."""
+    kubelet that runs the simulated engine for vLLM pods, the real vllm-router, and the
+    orchestrator's own image (the in-cluster load generator) as this checkout's orch."""
     import signal
     import threading
 
+    from orchestrator.cli import k8s_detach
     from orchestrator.kcluster import EmulatedCluster, parse_nodes
 
     try:
@@ -84,6 +90,14 @@ def emulate(
     path = kubeconfig or _default_kubeconfig()
     if path.is_dir():
         raise UserError(f"--kubeconfig: {path} is a folder; give a file path")
+    if detach and stop_it:
+        raise UserError("--detach and --stop: give one")
+    if stop_it:
+        k8s_detach.stop(path)
+        return
+    if detach:
+        k8s_detach.detach(nodes, path, list(image))
+        return
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:

@@ -173,10 +173,14 @@ def build_executor(
     foreground and for the Ray controller's experiment task."""
     chosen = choose_backend(plan, backend)
     be = backend_obj or make_backend(chosen, root)
-    # A virtual point is never sent late: there is no generator to calibrate.
-    ceiling = generator_ceiling(plan, root) if be.name != "virtual" else None
+    # A virtual point is never sent late, and a cluster's own generator pod is not this machine:
+    # only a generator of this process is calibrated.
+    ceiling = generator_ceiling(plan, root) if be.sends_load_here(plan) else None
     if be.name == "virtual":
         progress.note("virtual time: the simulated engine on its own clock (no servers, no load generator)")
+    elif not be.sends_load_here(plan):
+        progress.note("load generated in the cluster (a load-generator pod next to each run's router); "
+                      "this machine keeps control")
     elif ceiling is not None:
         progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
     elif os.environ.get("ORCH_SKIP_CALIBRATION") != "1":

@@ -22,6 +22,7 @@ REGISTERED: dict[str, str] = {
     "examples/disagg-vs-colocated-h200.yaml": "6a5e9431033f2be92bac3b6beafdf80ff6779f7457568b0761ae4113c73a1765",
     "examples/external-ab.yaml": "f7d4d68c9f32d416e441da02172463fd36d5e447c17ac06db0eb75a537b146d9",
     "examples/fp8-kv-h100.yaml": "b3f289b4f71ebddd44aece75bf1a59dfdfcd8171a8034f6df7ba19d08771c4db",
+    "examples/k8s-rehearsal.yaml": "683a62423a4c549dfa8bae7b66536a1c0a305c35c5e9a2b3d3c2380d15d1fb03",
     "examples/open-vs-closed.yaml": "3881d0aadbdf702a15bd2a9aca29e58ba823a691167e837d290e3919e6174783",
     "examples/quickstart.yaml": "f83a1591c193d0f33249600bb8b412feefe9019c2aae48ec9b074f97ee0057e9",
     "examples/router-cache-aware.yaml": "0e07b3a95c73575fa4eeb9ca4aa4794f631211852d94f7ce0f4191fb5e289738",

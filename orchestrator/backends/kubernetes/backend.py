@@ -117,6 +117,11 @@ class KubernetesBackend:
         poll = float(os.environ.get("ORCH_K8S_POLL_S") or 2.0)
         return cls(api=KubeApi(load_api_client()), poll_s=poll, log=log)
 
+    def sends_load_here(self, plan: Plan) -> bool:
+        """In the cluster (the Service) or to a fixed URL; outside it each run's load-generator
+        pod sends the load."""
+        return self.endpoint_url is not None or self._use_service(plan)
+
     def startup_budget_s(self, plan: Plan, arm: str) -> float:
         """The plan's start-up budget (image pull, weights, compile, CUDA graphs)."""
         return float(plan.kubernetes.startup_timeout_s)
