@@ -9,6 +9,10 @@ What it does as a real server does:
   label selectors (``=``, ``!=``, ``in``, ``notin``, exists) and field selectors, and WATCH
   (``?watch=true``) from a resourceVersion, with label-selector transitions (an object that
   stops matching is sent as DELETED), ``timeoutSeconds``, 410 Expired for a too-old version;
+  a streaming list (``sendInitialEvents=true``, client-go's WatchListClient, on in kubectl 1.37)
+  as the release's WatchList gate has it: 1.31 (the default) refuses it with the real 422, and
+  the client falls back to LIST and WATCH; 1.32 and 1.34+ stream the state and end it with the
+  ``k8s.io/initial-events-end`` bookmark;
 - uids, resourceVersions, generation, creationTimestamp; namespaced objects need their
   namespace (404 when missing, 403 while it terminates);
 - DELETE: pods and namespaces terminate gracefully (deletionTimestamp, then the kubelet or the
@@ -475,7 +479,16 @@ class ApiServer(kmock.KubernetesEmulator):
         w = Watcher(queue, route.res.plural, route.namespace, accept)
         rv_param = params.get("resourceVersion") or ""
         initial: list[Obj] = []
-        if rv_param in ("", "0"):
+        streaming = watch_list_request(params, parse_version(self.version)[1])
+        if streaming:  # the current state as ADDED events, then the bookmark that ends it
+            initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
+                       for (p, ns, _), o in sorted(self.store.objects.items(), key=lambda kv: kv[0])
+                       if p == w.plural and (w.namespace is None or ns == w.namespace) and accept(o)]
+            initial.append({"type": "BOOKMARK", "object": {
+                "kind": route.res.kind, "apiVersion": route.res.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv),
+                             "annotations": {"k8s.io/initial-events-end": "true"}}}})
+        elif rv_param in ("", "0"):
             initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
                        for (p, ns, _), o in self.store.objects.items()
                        if p == w.plural and (w.namespace is None or ns == w.namespace) and accept(o)]
@@ -610,3 +623,42 @@ class ApiServer(kmock.KubernetesEmulator):
         if self.http is not None:
             await self.http.close()
             self.http = None
+
+
+# The WatchList feature gate (KEP-3157, streaming lists) of kube-apiserver: alpha (off) until 1.31,
+# beta and on in 1.32, off again in 1.33, on from 1.34.
+def watch_list_enabled(minor: int) -> bool:
+    return minor == 32 or minor >= 34
+
+
+def watch_list_request(params: dict[str, str], minor: int) -> bool:
+    """Whether a watch asks for a streaming list (``sendInitialEvents=true``) that this release
+    serves; ApiError 422 with the real ListOptions validation when it does not (client-go's
+    reflector, e.g. behind ``kubectl delete`` and ``kubectl wait``, then falls back to LIST and
+    WATCH, as against a real server without the feature)."""
+    send = params.get("sendInitialEvents")
+    match = params.get("resourceVersionMatch") or ""
+    enabled = watch_list_enabled(minor)
+    causes: list[tuple[str, str, str]] = []  # (field, reason, message)
+    if send is not None:
+        if match != "NotOlderThan":
+            causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                           "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
+        if not enabled:
+            causes.append(("sendInitialEvents", "FieldValueForbidden", "Forbidden: sendInitialEvents is "
+                           "forbidden for watch unless the WatchList feature gate is enabled"))
+    if match:
+        if send is None:
+            causes.append(("resourceVersionMatch", "FieldValueForbidden",
+                           "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"))
+        if match != "NotOlderThan":
+            causes.append(("resourceVersionMatch", "FieldValueNotSupported",
+                           f'Unsupported value: "{match}": supported values: "NotOlderThan"'))
+    if causes:
+        text = ", ".join(f"{f}: {m}" for f, _, m in causes)
+        if len(causes) > 1:
+            text = f"[{text}]"
+        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {text}', {
+            "group": "meta.k8s.io", "kind": "ListOptions",
+            "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})
+    return send in ("true", "1")

@@ -3,7 +3,14 @@ cluster (orchestrator/kcluster/): the official client reaches the emulated API s
 KUBECONFIG, pods land on labelled H200 nodes, their vLLM containers run as simulated engines
 and the router as the real vllm-router discovering its workers through the API. Blocks run to
 a stored verdict, and the run leaves no object and no process behind. Real time with the plan's
-default guard bounds: the runs' validity is not asserted, only what load cannot change."""
+default guard bounds: the runs' validity is not asserted, only what load cannot change.
+
+It runs with the Helm chart's exact permissions, as in the chart's pods: the chart's
+ServiceAccount, Role, RoleBinding, ClusterRole and ClusterRoleBinding (rendered by Helm's SDK)
+installed in the release namespace, a kubeconfig of that service account, and
+ORCH_K8S_NAMESPACE naming the release namespace. The emulated API server enforces RBAC for it,
+so a request the chart does not grant (the final cleanup reading the namespace, say) is a 403
+and the run fails; its audit log shows that nothing was refused."""
 
 from __future__ import annotations
 
@@ -18,10 +25,12 @@ import pytest
 
 from orchestrator.backends.base import Fingerprint
 from orchestrator.store import Store
+from tests.support.chart import RBAC_KINDS, install_chart_rbac, keep_whole_audit, refusals
 from tests.support.kcluster import EmulatedCluster, cpu_node, gpu_node, loopback_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "tests" / "e2e" / "plans" / "k8s-quickstart.yaml"
+RELEASE_NS = "llm-bench"  # the chart's release namespace, where arms run
 
 pytestmark = [pytest.mark.timeout(900),
               pytest.mark.skipif(not loopback_ok("127.77.0.0/16"), reason="loopback range does not bind")]
@@ -32,8 +41,8 @@ def orch(env: dict[str, str], *args: str, timeout: float = 800) -> subprocess.Co
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def _env(cluster: EmulatedCluster, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "ORCH_SKIP_CALIBRATION": "1",
+def _env(kubeconfig: str, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": kubeconfig, "ORCH_K8S_NAMESPACE": RELEASE_NS, "ORCH_SKIP_CALIBRATION": "1",
             "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
             "ORCH_STATE_DIR": str(tmp_path / "state"), "ORCH_K8S_POLL_S": "0.2"}
 
@@ -41,9 +50,16 @@ def _env(cluster: EmulatedCluster, tmp_path: Path) -> dict[str, str]:
 def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing(tmp_path: Path) -> None:
     nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
     with EmulatedCluster(nodes=nodes) as cluster:
-        env = _env(cluster, tmp_path)
+        identity, kubeconfig = install_chart_rbac(cluster, RELEASE_NS)
+        keep_whole_audit(cluster)
+        chart_objects = {kind: sorted(cluster.objects(kind, RELEASE_NS if kind in ("ServiceAccount", "Role", "RoleBinding")
+                                                      else None)) for kind in RBAC_KINDS}
+        # The chart grants nothing on namespaces (so neither creating one nor reading its own).
+        assert not cluster.can(identity, "get", "namespaces", RELEASE_NS, name=RELEASE_NS)
+        assert not cluster.can(identity, "create", "namespaces")
+        env = _env(kubeconfig, tmp_path)
         r = orch(env, "run", str(PLAN), "--backend", "kubernetes", "--json", "--allow-low-power")
-        assert r.returncode == 0, r.stderr[-4000:]
+        assert r.returncode == 0, (r.stderr[-4000:], refusals(cluster))
         doc = json.loads(r.stdout)
         # Start-up progress was shown while the pods came up.
         assert "pods:" in r.stderr and "ready" in r.stderr, r.stderr[-2000:]
@@ -89,11 +105,24 @@ def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing
         gate = orch(env, "verdict", doc["experiment"]["name"], "--gate", "--json", timeout=120)
         assert gate.returncode == doc["gate_exit_code"], (gate.returncode, gate.stdout[-2000:])
 
-        # Nothing of the run is left: no object in any namespace of ours, the namespace the tool
-        # created is gone, and no engine or router process still runs.
+        # Nothing of the run is left: no object in any namespace of ours, no namespace was made
+        # (the arms ran in the release namespace, which is kept with the chart's objects), and
+        # no engine or router process still runs.
         for kind in ("Deployment", "Pod", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
             ours = [o for o in cluster.objects(kind).values()
                     if (o.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "orchestrator"]
             assert not ours, (kind, [o["metadata"]["name"] for o in ours])
         assert not [n for n in cluster.objects("Namespace") if n.startswith("orch-")]
+        assert cluster.get("Namespace", RELEASE_NS) is not None
+        assert {kind: sorted(cluster.objects(kind, RELEASE_NS if kind in ("ServiceAccount", "Role", "RoleBinding")
+                                             else None)) for kind in RBAC_KINDS} == chart_objects
         assert not cluster.live_processes()
+
+        # Everything was done as the chart's service account, and RBAC refused nothing: not the
+        # backend (the final cleanup never reads the namespace it was given) nor the routers'
+        # service discovery under the Roles the backend gave them.
+        audit = cluster._call(lambda: list(cluster.apiserver.audit))
+        assert not refusals(cluster), refusals(cluster)
+        done = {(verb, what) for user, verb, what, ns, allowed in audit if user == identity}
+        assert {("create", "deployments"), ("delete", "deployments"), ("get", "nodes")} <= done, sorted(done)
+        assert not [a for a in audit if a[0] == identity and a[2] == "namespaces"]

@@ -8,7 +8,14 @@ the controller actor is killed: Ray fate-shares the experiment task with its own
 dies with it and leaves its run 'running' and its pods up. `orch controller serve` then creates
 a new controller, which resumes the experiment: the interrupted run is aborted (its records
 kept), its leftovers deleted, and the experiment goes on where it stopped to a stored verdict,
-with no run or point twice and nothing left on the cluster."""
+with no run or point twice and nothing left on the cluster.
+
+The Ray processes reach the cluster as the chart's pods do: with the chart's exact permissions
+(its ServiceAccount, Role, RoleBinding, ClusterRole and ClusterRoleBinding, rendered by Helm's
+SDK, installed in the release namespace), a kubeconfig of that service account and
+ORCH_K8S_NAMESPACE naming the release namespace; the emulated API server enforces RBAC, and its
+audit log shows that nothing was refused, the new controller's clean-up of the interrupted run
+included."""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.store import Store
+from tests.support.chart import install_chart_rbac, keep_whole_audit, refusals
 from tests.support.kcluster import EmulatedCluster, cpu_node, gpu_node, loopback_ok
 from tests.support.ray_head import ray_head, stop_group
 
@@ -29,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "tests" / "e2e" / "plans" / "k8s-quickstart.yaml"
 OURS = {"app.kubernetes.io/managed-by": "orchestrator"}
 KINDS = ("Deployment", "Pod", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding")
+RELEASE_NS = "llm-bench"  # the chart's release namespace, where arms run
 
 pytestmark = [pytest.mark.timeout(1200),
               pytest.mark.skipif(not loopback_ok("127.77.0.0/16"), reason="loopback range does not bind")]
@@ -72,7 +81,9 @@ def wait(what: str, predicate, timeout: float, interval: float = 0.25, why=lambd
 def test_submit_kill_and_restart_of_the_controller_resumes_without_duplicates(tmp_path: Path) -> None:
     nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
     with EmulatedCluster(nodes=nodes) as cluster:
-        base = {"KUBECONFIG": str(cluster.kubeconfig), "ORCH_SKIP_CALIBRATION": "1",
+        identity, kubeconfig = install_chart_rbac(cluster, RELEASE_NS)
+        keep_whole_audit(cluster)
+        base = {"KUBECONFIG": kubeconfig, "ORCH_K8S_NAMESPACE": RELEASE_NS, "ORCH_SKIP_CALIBRATION": "1",
                 "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}",
                 "ORCH_STATE_DIR": str(tmp_path / "state"), "ORCH_K8S_POLL_S": "0.2"}
         with ray_head(tmp_path, {"H200": 8}, base) as (address, env):
@@ -95,7 +106,8 @@ def test_submit_kill_and_restart_of_the_controller_resumes_without_duplicates(tm
                 def state() -> str:
                     runs = store.runs(exp_id)
                     return (f"status {store.get_experiment(exp_id).status}; runs "
-                            f"{[(r.block, r.arm, r.attempt, r.status, r.invalid_reason) for r in runs]}\n{logs()}")
+                            f"{[(r.block, r.arm, r.attempt, r.status, r.invalid_reason) for r in runs]}\n"
+                            f"refused: {refusals(cluster)}\n{logs()}")
 
                 # 1. Run until one run has finished (valid or not: the plan's default guard bounds
                 # may fail on a loaded machine) and the next has stored a point: the kill lands mid-run.
@@ -183,4 +195,12 @@ def test_submit_kill_and_restart_of_the_controller_resumes_without_duplicates(tm
             for kind in KINDS:
                 assert not ours(cluster, kind), (kind, ours(cluster, kind))
             assert not [n for n in cluster.objects("Namespace") if n.startswith("orch-")]
+            assert cluster.get("Namespace", RELEASE_NS) is not None
             assert not cluster.live_processes()
+
+            # 6. All of it as the chart's service account, and RBAC refused nothing.
+            audit = cluster._call(lambda: list(cluster.apiserver.audit))
+            assert not refusals(cluster), refusals(cluster)
+            done = {(verb, what) for user, verb, what, _, _ in audit if user == identity}
+            assert {("create", "deployments"), ("delete", "deployments"), ("get", "nodes")} <= done, sorted(done)
+            assert not [a for a in audit if a[0] == identity and a[2] == "namespaces"]
