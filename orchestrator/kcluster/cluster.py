@@ -34,6 +34,7 @@ from orchestrator.kcluster.rbac import ADMIN_NAME, ANONYMOUS, BOOTSTRAP
 from orchestrator.kcluster.registry import Registry, repository
 from orchestrator.kcluster.selectors import matches_labels
 from orchestrator.kcluster.tls import Certificates, make_certificates, server_factory
+from orchestrator.kcluster.weights import WeightStore
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -101,6 +102,7 @@ class EmulatedCluster:
         self._refusals: list[Refusal] = []
         self._host_images: dict[str, dict[str, str]] = {}  # image prefix -> program -> path here
         self.registry = Registry()
+        self.weights = WeightStore()  # which volumes hold which weights; every download counted
         self.tls = tls
         self.certificates: Certificates | None = None
         self.errors: list[BaseException] = []  # exceptions of the control loop (should stay empty)

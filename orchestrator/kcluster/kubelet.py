@@ -44,6 +44,7 @@ from orchestrator.kcluster.containers import (
 )
 from orchestrator.kcluster.objects import now
 from orchestrator.kcluster.registry import not_found_message, transient_message
+from orchestrator.plan import MODELS
 
 if TYPE_CHECKING:
     from orchestrator.kcluster.cluster import EmulatedCluster
@@ -301,6 +302,10 @@ class Kubelet:
                                      lambda name: self._configmap(run.namespace, name))
             elif is_vllm(cr.spec):
                 launch = vllm_launch(cr.spec, pod, node, run.ip or "")
+                # vLLM fetches the weights into HF_HOME unless an earlier pod left them there.
+                model = MODELS[launch.details["model"]]
+                self.c.weights.load(cr.spec, pod, run.node, cr.restarts, model.hf_id or model.name,
+                                    int(model.weight_bytes()))
             elif is_router(cr.spec):
                 launch = router_launch(cr.spec, run.ip or "", self._pod_kubeconfig(pod))
             else:

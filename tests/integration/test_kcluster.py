@@ -727,3 +727,51 @@ def test_vllm_command_lines_are_read_as_vllm_reads_them() -> None:
         with pytest.raises(ContainerError) as err:
             vllm_launch(container(list(args)), pod, node, "127.77.9.9")
         assert err.value.exit_code == code and words in err.value.message, (args, err.value.message)
+
+
+def _blocks(cluster: EmulatedCluster, plan: Plan, blocks: int) -> list[Deployment]:
+    """Arm A deployed, made ready and torn down once per block, as an experiment's blocks do,
+    each by a backend built from the environment's settings (as each `orch` process builds one)."""
+    deps = []
+    for block in range(blocks):
+        backend = KubernetesBackend(api=cluster.kube_api(), poll_s=0.1, log=lambda line: None)
+        dep = backend.deploy(plan, "A", RunKey(plan.name, "A", block))
+        backend.ready(dep, deadline_s=60)
+        deps.append(dep)
+        _teardown_and_check(cluster, backend, dep, dep.handles_as(KubeHandles).namespace)
+    return deps
+
+
+def test_weights_are_fetched_once_per_cache_not_per_attempt(kcluster: EmulatedCluster,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: without a cache every vLLM pod downloads the weights on every block (an emptyDir
+    dies with its pod), and its emptyDir is sized and its disk requested; the chart's claim
+    (ORCH_K8S_MODEL_CACHE_PVC) makes it one download for all blocks and pods; a node's hostPath
+    one per node. Counted by the emulated kubelet, which does what vLLM does with HF_HOME. Each
+    run stores its start-up time and weights source."""
+    hf = "Qwen/Qwen3-8B"
+    plan = _plan()  # arm A: 2 colocated replicas
+    deps = _blocks(kcluster, plan, 2)
+    fetched = [f for f in kcluster.weights.fetches if f.model == hf]
+    assert len(fetched) == 4 and {f.volume for f in fetched} == {"emptyDir"}, fetched  # 2 pods x 2 blocks
+    assert fetched[0].bytes == int(plan.model.weight_bytes())
+    for dep in deps:
+        startup = dep.fingerprint.details["startup"]
+        assert startup["seconds"] > 0 and startup["weights"].startswith("download into an emptyDir")
+
+    ns = "llm-bench"
+    kcluster.add_pvc(ns, "orch-model-cache")
+    before = len(kcluster.weights.fetches)
+    monkeypatch.setenv("ORCH_K8S_MODEL_CACHE_PVC", "orch-model-cache")  # what the chart's modelCache sets
+    deps = _blocks(kcluster, _plan(namespace=ns), 3)
+    monkeypatch.delenv("ORCH_K8S_MODEL_CACHE_PVC")
+    fetched = kcluster.weights.fetches[before:]
+    assert len(fetched) == 1 and fetched[0].volume == "persistentVolumeClaim", fetched
+    assert all(d.fingerprint.details["startup"]["weights"] == "PersistentVolumeClaim orch-model-cache" for d in deps)
+
+    before = len(kcluster.weights.fetches)
+    kcluster.add_namespace("hostpath")
+    _blocks(kcluster, _plan(model_cache_host_path="/var/lib/models", namespace="hostpath"), 3)
+    fetched = kcluster.weights.fetches[before:]
+    nodes = {f.node for f in fetched}
+    assert len(fetched) == len(nodes) <= 2 and {f.volume for f in fetched} == {"hostPath"}, fetched

@@ -618,3 +618,33 @@ def test_network_policy_covers_the_arms_pods_port_by_port() -> None:
     assert _policies(render({"networkPolicy": {"enabled": False}})) == []
     notes = helm.Chart.load(str(CHART)).render({}, name="orch", namespace="bench", is_install=True)
     assert "networkPolicy.apiServerFrom is empty" in next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
+
+
+def test_model_cache_is_one_shared_claim_every_experiment_uses() -> None:
+    """Issue 29: weights once, not per attempt: modelCache.enabled creates a ReadWriteMany claim
+    (kept on uninstall) and names it to every process that deploys arms (ORCH_K8S_MODEL_CACHE_PVC);
+    existingClaim names the user's own instead; off by default (it needs a StorageClass with
+    ReadWriteMany), and then no process is told of any claim."""
+    def claim_env(objs: list[dict[str, Any]]) -> set[str | None]:
+        return {next((e.get("value") for e in c.get("env") or [] if e["name"] == "ORCH_K8S_MODEL_CACHE_PVC"), None)
+                for spec in pod_specs(objs).values() for c in _containers(spec)
+                if any(e["name"] == "ORCH_K8S_NAMESPACE" for e in c.get("env") or [])}
+
+    plain = render()
+    assert not [o for o in plain if o["kind"] == "PersistentVolumeClaim"]
+    assert claim_env(plain) == {None}
+
+    objs = render({"modelCache": {"enabled": True, "size": "800Gi", "storageClassName": "efs"}})
+    (pvc,) = [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    assert_valid_object(pvc)
+    assert pvc["metadata"]["name"] == "orch-orchestrator-model-cache" and pvc["metadata"]["namespace"] == "bench"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == "efs"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "800Gi"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim_env(objs) == {"orch-orchestrator-model-cache"}
+
+    mine = render({"modelCache": {"existingClaim": "weights"}})
+    assert not [o for o in mine if o["kind"] == "PersistentVolumeClaim"]
+    assert claim_env(mine) == {"weights"}
+    with pytest.raises(helm.HelmError):
+        render({"modelCache": {"enabled": True, "size": "lots"}})

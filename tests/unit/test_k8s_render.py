@@ -155,7 +155,7 @@ def test_every_object_is_labelled_and_namespaced_and_cluster_settings_apply() ->
     assert expr["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["H200-custom"]
     assert pod["nodeSelector"] == {"pool": "gpu"}
     vols = {v["name"]: v for v in pod["volumes"]}
-    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "30Gi"}}
     assert vols["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "20Gi"}
 
 

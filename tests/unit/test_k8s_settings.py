@@ -41,8 +41,15 @@ def test_toleration_keeps_operator_exists_so_a_valued_taint_is_tolerated() -> No
 
 
 def test_default_weights_download_into_an_empty_dir_so_a_fresh_namespace_never_waits_on_a_claim() -> None:
-    vols = {v["name"]: v for v in _pool(_plan())["spec"]["template"]["spec"]["volumes"]}
-    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {}}
+    # ... sized for the weights (Qwen3-8B: 16.4 GB bf16, a quarter more, 10 GiB of caches), and the
+    # node's disk asked for, so the scheduler places it where it fits (issue 29).
+    pool = _pool(_plan())["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pool["volumes"]}
+    assert vols["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "30Gi"}}
+    res = pool["containers"][0]["resources"]
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "30Gi"
+    with_claim = _pool(_plan(namespace="inference", model_cache_pvc="weights"))["spec"]["template"]["spec"]
+    assert "ephemeral-storage" not in with_claim["containers"][0]["resources"]["requests"]
 
 
 def test_weights_from_a_claim_or_a_host_path() -> None:

@@ -96,7 +96,21 @@ migration owner's DSN (orchestrator.ownerDsnEnv, the db-upgrade init container o
       fieldPath: metadata.namespace
 - name: ORCH_STATE_DIR
   value: /var/lib/orchestrator/state
+{{- with (include "orchestrator.modelCacheClaim" .) }}
+- name: ORCH_K8S_MODEL_CACHE_PVC
+  value: {{ . | quote }}
+{{- end }}
 {{- include "orchestrator.rayAuthEnv" . }}
+{{- end -}}
+
+{{/* The weights claim arms use when a plan names none (modelCache): an existing one, the
+chart's own, or none (empty). */}}
+{{- define "orchestrator.modelCacheClaim" -}}
+{{- if .Values.modelCache.existingClaim -}}
+{{ .Values.modelCache.existingClaim }}
+{{- else if .Values.modelCache.enabled -}}
+{{ include "orchestrator.fullname" . }}-model-cache
+{{- end -}}
 {{- end -}}
 
 {{/* The Secret holding the migration owner's DSN: database.ownerExistingSecret, else the

@@ -79,6 +79,7 @@ class KubeHandles:
     restarts_at_ready: int | None = None  # container restarts counted when it became ready
     # The run's in-cluster load generator (orch outside the cluster): its pods' selector.
     loadgen_selector: str | None = None
+    deployed_at: float = 0.0  # time.monotonic() at deploy: the start-up time is measured from it
 
 
 class KubernetesBackend:
@@ -100,6 +101,10 @@ class KubernetesBackend:
         by hand; ORCH_K8S_ENDPOINT) instead of the Service or a port-forward of our own."""
         self._api = api
         self.namespace = namespace or os.environ.get("ORCH_K8S_NAMESPACE") or None
+        # The chart's weights cache (modelCache: a ReadWriteMany claim in its namespace), used by
+        # every plan that names no weights source of its own.
+        self.model_cache_pvc = os.environ.get("ORCH_K8S_MODEL_CACHE_PVC") or None
+        self._warned: set[str] = set()  # experiments told that each pod downloads the weights
         self.endpoint_url = endpoint_url or os.environ.get("ORCH_K8S_ENDPOINT") or None
         self.poll_s = poll_s
         self.probe = probe or probe_completion
@@ -138,6 +143,7 @@ class KubernetesBackend:
         """Apply the arm's objects (server-side apply). What waiting cannot fix is refused
         before anything is applied (a missing weights claim); a deploy that fails half-way
         deletes what it applied, so a retry never competes with its own leftovers for GPUs."""
+        hashed, plan = plan, self._with_weights_cache(plan)
         objs = render_arm(plan, arm, key, namespace=self.namespace)
         use_service = self.endpoint_url is None and self._use_service(plan)
         # Outside the cluster, the load is sent from a pod next to the router (measured traffic
@@ -159,7 +165,8 @@ class KubernetesBackend:
         if not owned:
             self._given.setdefault(key.experiment, set()).add(ns)
         self._check_weights(plan, ns)
-        owner["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: plan_hash(plan)}
+        self._warn_downloads(plan, key.experiment)
+        owner["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: plan_hash(hashed)}
         applied: list[tuple[str, str]] = []
         try:
             done = self.api.apply(owner)
@@ -195,6 +202,7 @@ class KubernetesBackend:
                 gpu_values=list(plan.kubernetes.product_labels(arm_spec.gpu or "")),
                 loadgen_selector=(f"{naming.RUN_LABEL}={naming.label_value(naming.object_name(key, LOADGEN_ROLE))}"
                                   if agent else None),
+                deployed_at=time.monotonic(),
             ),
         )
 
@@ -219,6 +227,24 @@ class KubernetesBackend:
                 self.log(f"namespace {name} is being deleted (an earlier attempt's cleanup): waiting")
                 shown = True
             time.sleep(self.poll_s)
+
+    def _with_weights_cache(self, plan: Plan) -> Plan:
+        """``plan`` with the chart's weights claim (ORCH_K8S_MODEL_CACHE_PVC) when it names no
+        weights source of its own; rendering only: the registered plan and its hash stay."""
+        k = plan.kubernetes
+        if self.model_cache_pvc is None or k.model_cache_pvc or k.model_cache_host_path:
+            return plan
+        return plan.model_copy(update={"kubernetes": k.model_copy(update={"model_cache_pvc": self.model_cache_pvc})})
+
+    def _warn_downloads(self, plan: Plan, experiment: str) -> None:
+        """Once per experiment: without a cache every pod downloads the weights, every attempt."""
+        k = plan.kubernetes
+        if k.model_cache_pvc or k.model_cache_host_path or experiment in self._warned:
+            return
+        self._warned.add(experiment)
+        self.log(f"weights: every vLLM pod downloads {plan.model.weight_bytes() / 1e9:.1f} GB of {plan.model.name} "
+                 "into an emptyDir, on every attempt of every block; give them a cache that outlives a pod: "
+                 "kubernetes.model_cache_pvc (a ReadWriteMany claim), or the chart's modelCache")
 
     def _check_weights(self, plan: Plan, ns: str) -> None:
         claim = plan.kubernetes.model_cache_pvc
@@ -273,6 +299,12 @@ class KubernetesBackend:
         self._record_fingerprint(deployment, pods)
         self._ensure_endpoint(deployment, pods, loadgen)
         self.probe(deployment.endpoint, max(deadline - time.monotonic(), 5.0))
+        # Start-up (scheduling, image pulls, weights, compile) to serving: stored with the run.
+        seconds = round(time.monotonic() - h.deployed_at, 1)
+        weights = deployment.fingerprint.details.get("weights")
+        deployment.fingerprint = replace(deployment.fingerprint, details={
+            **deployment.fingerprint.details, "startup": {"seconds": seconds, "weights": weights}})
+        self.log(f"arm {key.arm} block {key.block}: serving {seconds:.0f}s after deploy (weights: {weights})")
 
     def _fail_fast(self, deployment: Deployment, states: list[PodState]) -> None:
         h = deployment.handles_as(KubeHandles)

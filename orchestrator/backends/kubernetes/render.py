@@ -237,7 +237,21 @@ def _pool_deployment(
             vol["emptyDir"]["sizeLimit"] = k.shm_size
         elif vol["name"] == "model-cache":
             _weights_volume(vol, plan)
+    if "emptyDir" in next(v for v in spec["volumes"] if v["name"] == "model-cache"):
+        # The weights land on the node's disk: the scheduler must see that, and the kubelet
+        # evicts a pod past it rather than fill the node.
+        size = emptydir_weights_size(plan)
+        c["resources"]["requests"]["ephemeral-storage"] = size
+        c["resources"]["limits"]["ephemeral-storage"] = size
     return obj
+
+
+def emptydir_weights_size(plan: Plan) -> str:
+    """What a pod that downloads the weights into an emptyDir may write: the weights at their
+    released precision, a quarter more (the download's temporary files, tokenizer, config),
+    and 10 GiB for vLLM's compile and kernel caches under HOME; whole GiB."""
+    weights = plan.model.weight_bytes()
+    return f"{math.ceil(weights * 1.25 / 2**30) + 10}Gi"
 
 
 def toleration(t: Any) -> Obj:
@@ -272,7 +286,7 @@ def _weights_volume(vol: Obj, plan: Plan) -> None:
     elif k.model_cache_host_path:
         vol["hostPath"] = {"path": k.model_cache_host_path, "type": "DirectoryOrCreate"}
     else:
-        vol["emptyDir"] = {}
+        vol["emptyDir"] = {"sizeLimit": emptydir_weights_size(plan)}
 
 
 def kv_transport(plan: Plan, arm: Arm) -> str | None:
