@@ -648,3 +648,23 @@ def test_model_cache_is_one_shared_claim_every_experiment_uses() -> None:
     assert claim_env(mine) == {"weights"}
     with pytest.raises(helm.HelmError):
         render({"modelCache": {"enabled": True, "size": "lots"}})
+
+
+def test_the_workstation_role_grants_what_the_charts_role_grants() -> None:
+    """manifests/workstation-rbac.yaml is the chart's Role (what the backend does in the arms'
+    namespace, the load generator's Deployment and port-forwards included) for a user outside
+    the cluster, and read-only nodes as the chart's ClusterRole: the workstation e2e test runs
+    under it, so it must not drift from the chart's."""
+    docs = [d for d in yaml.safe_load_all((ROOT / "manifests" / "workstation-rbac.yaml").read_text()) if d]
+    objs = render()
+
+    def rules(kind: str, objects: list[dict[str, Any]]) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+        (role,) = [o for o in objects if o["kind"] == kind]
+        return sorted((tuple(r.get("apiGroups", [])), tuple(sorted(r["resources"])), tuple(sorted(r["verbs"])))
+                      for r in role["rules"])
+
+    assert rules("Role", docs) == rules("Role", objs)
+    assert rules("ClusterRole", docs) == rules("ClusterRole", objs)
+    for binding in ("RoleBinding", "ClusterRoleBinding"):
+        (b,) = [d for d in docs if d["kind"] == binding]
+        assert b["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "you@example.com"}]
