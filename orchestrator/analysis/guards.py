@@ -278,6 +278,34 @@ def back_to_back(runs: Sequence[RunEnvironment], window_h: float) -> GuardResult
                        "; ".join(problems) or f"{len(runs)} runs alike, within {span_h:.2f} h")
 
 
+PD_PLACEMENT = "pd_placement"
+
+
+def pd_placement_of(prefill_nodes: Sequence[str], decode_nodes: Sequence[str]) -> str:
+    """Where a disaggregated run's prefill and decode pods ran relative to each other:
+    ``same-node`` (every pod shares its node with a pod of the other role: the KV hand-off can
+    stay inside a node), ``cross-node`` (no node holds both: every hand-off crosses the
+    network), else ``mixed``."""
+    p, d = set(prefill_nodes), set(decode_nodes)
+    if p and p == d:
+        return "same-node"
+    if not p & d:
+        return "cross-node"
+    return "mixed"
+
+
+def placement_consistency(arm: str, observed: str, reference: tuple[int, str] | None) -> GuardResult:
+    """An arm's prefill/decode placement in this block against the one it had in the first
+    counted block (``reference``: (block, placement)): the KV hand-off over NVLink and over the
+    network are different measurements, so a block whose placement differs is not compared."""
+    if reference is None or reference[1] == observed:
+        return GuardResult(PD_PLACEMENT, True, None, None, f"arm {arm}: prefill/decode {observed}"
+                           + ("" if reference is None else f", as in block {reference[0]}"))
+    return GuardResult(PD_PLACEMENT, False, None, None,
+                       f"arm {arm}: prefill/decode {observed} here, {reference[1]} in block {reference[0]}; "
+                       "pin it with kubernetes.placement (same-node or spread)")
+
+
 def run_guards(records: Sequence[RequestRecord], th: GuardThresholds,
                ctx: PointContext) -> list[GuardResult]:
     """Every point-level guard, in DESIGN order."""

@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from orchestrator import logs
-from orchestrator.analysis.guards import GuardResult, RunEnvironment, back_to_back
+from orchestrator.analysis.guards import (
+    GuardResult,
+    RunEnvironment,
+    back_to_back,
+    placement_consistency,
+)
 from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
@@ -45,6 +50,7 @@ from orchestrator.control.verdicts import (
     experiment_complete,
     gate_exit_code,
     judge_experiment,
+    valid_runs,
 )
 from orchestrator.errors import (
     OrchestratorError,
@@ -60,7 +66,7 @@ from orchestrator.store.lease import ExperimentLease, LeaseLost
 from orchestrator.store.protocol import StoreLike
 from orchestrator.store.repository import Store
 from orchestrator.store.retry import DatabaseOutage, ResilientStore, first_line, retrying
-from orchestrator.store.rows import Registration
+from orchestrator.store.rows import Registration, RunInfo
 
 
 class RunInvalid(Exception):
@@ -524,10 +530,32 @@ class Executor:
                 session=f"{exp_id}:{fp.backend}",
             ))
         result: GuardResult = back_to_back(envs, window_h=plan.design.window_h)
-        for r in by_arm.values():
-            self.store.record_guards(r.id, None, [result])
+        placements = self._placement_guards(exp_id, block, by_arm)
+        for arm, r in by_arm.items():
+            self.store.record_guards(r.id, None, [result, *placements.get(arm, [])])
         if not result.passed:
             self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
+        for g in (g for gs in placements.values() for g in gs if not g.passed):
+            self.progress.note(f"block {block}: {g.detail}; the arm's run of this block is not counted")
+
+    def _placement_guards(self, exp_id: int, block: int, by_arm: dict[str, RunInfo]) -> dict[str, list[GuardResult]]:
+        """Each disaggregated arm's observed prefill/decode placement against the one it had in
+        the first earlier block that counts (analysis.guards.placement_consistency)."""
+        counted = valid_runs(self.store, exp_id)
+        runs = {r.id: r for r in self.store.runs(exp_id)}
+        out: dict[str, list[GuardResult]] = {}
+        for arm, r in by_arm.items():
+            observed = (Fingerprint.from_dict(r.fingerprint).details.get("pd_placement") or {}).get("observed")
+            if observed is None:
+                continue
+            reference = None
+            for b in sorted(b for (b, a) in counted if a == arm and b < block):
+                ref = (Fingerprint.from_dict(runs[counted[(b, arm)]].fingerprint).details.get("pd_placement") or {})
+                if ref.get("observed"):
+                    reference = (b, str(ref["observed"]))
+                    break
+            out[arm] = [placement_consistency(arm, str(observed), reference)]
+        return out
 
 
 # Experiments `orch run` of the same plan resumes (a failed one once its cause is fixed).

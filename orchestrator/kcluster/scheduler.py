@@ -3,7 +3,7 @@ kube-scheduler writes into PodScheduled (and the FailedScheduling event).
 
 Filters in kube-scheduler's order, the first failing one naming a node's reason:
 NodeUnschedulable, TaintToleration, NodeAffinity (nodeSelector and required node affinity),
-NodeResourcesFit (every short resource is a reason). Before them, VolumeBinding's PreFilter:
+NodeResourcesFit (every short resource is a reason), InterPodAffinity (required terms). Before them, VolumeBinding's PreFilter:
 a missing or unbound PersistentVolumeClaim fails the pod on every node at once.
 Among feasible nodes the least allocated one wins (kube-scheduler's default scoring).
 The real message's "preemption: ..." suffix is left out.
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from orchestrator.kcluster.selectors import match_expression, quantity
+from orchestrator.kcluster.selectors import match_expression, match_label_selector_object, quantity
 
 Obj = dict[str, Any]
 GPU = "nvidia.com/gpu"
@@ -116,6 +116,61 @@ def node_reasons(pod: Obj, node: Obj, bound: list[Obj]) -> list[str]:
     return short
 
 
+# -- inter-pod affinity (InterPodAffinity: required terms only, as kube-scheduler filters) ------
+
+
+def _terms(pod: Obj, kind: str) -> list[Obj]:
+    aff = ((pod.get("spec") or {}).get("affinity") or {}).get(kind) or {}
+    return list(aff.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+
+
+def _term_matches(term: Obj, owner: Obj, other: Obj) -> bool:
+    """Whether ``other`` is a pod ``owner``'s term selects: its labelSelector, in the term's
+    namespaces (default: the owner's; namespaceSelector is not modelled)."""
+    ns = (owner.get("metadata") or {}).get("namespace")
+    if (other.get("metadata") or {}).get("namespace") not in (term.get("namespaces") or [ns]):
+        return False
+    labels = (other.get("metadata") or {}).get("labels") or {}
+    return match_label_selector_object(labels, term.get("labelSelector") or {})
+
+
+def _domain(node: Obj, key: str) -> str | None:
+    return ((node.get("metadata") or {}).get("labels") or {}).get(key)
+
+
+def _in_domain(term: Obj, node: Obj, nodes: list[Obj], bound_by_node: dict[str, list[Obj]]) -> list[Obj]:
+    """The pods on nodes in ``node``'s domain of the term's topologyKey."""
+    key = term.get("topologyKey") or ""
+    value = _domain(node, key)
+    if value is None:
+        return []
+    return [p for n in nodes if _domain(n, key) == value for p in bound_by_node.get(n["metadata"]["name"], [])]
+
+
+def inter_pod_reasons(pod: Obj, node: Obj, nodes: list[Obj], bound_by_node: dict[str, list[Obj]]) -> list[str]:
+    """Why ``pod`` may not go on ``node`` by inter-pod (anti-)affinity, in kube-scheduler's words:
+    its required affinity terms (a term no pod anywhere matches is met when the pod matches it
+    itself: the first of a group), its required anti-affinity terms, and the existing pods'
+    required anti-affinity towards it."""
+    everyone = [p for ps in bound_by_node.values() for p in ps]
+    for term in _terms(pod, "podAffinity"):
+        near = [p for p in _in_domain(term, node, nodes, bound_by_node) if _term_matches(term, pod, p)]
+        first = not any(_term_matches(term, pod, p) for p in everyone) and _term_matches(term, pod, pod)
+        if not near and not (first and _domain(node, term.get("topologyKey") or "") is not None):
+            return ["node(s) didn't match pod affinity rules"]
+    for term in _terms(pod, "podAntiAffinity"):
+        if any(_term_matches(term, pod, p) for p in _in_domain(term, node, nodes, bound_by_node)):
+            return ["node(s) didn't match pod anti-affinity rules"]
+    for other in nodes:
+        for p in bound_by_node.get(other["metadata"]["name"], []):
+            for term in _terms(p, "podAntiAffinity"):
+                key = term.get("topologyKey") or ""
+                if (_domain(other, key) is not None and _domain(other, key) == _domain(node, key)
+                        and _term_matches(term, p, pod)):
+                    return ["node(s) didn't satisfy existing pods anti-affinity rules"]
+    return []
+
+
 def schedule(pod: Obj, nodes: list[Obj], bound_by_node: dict[str, list[Obj]],
              claim_state: Callable[[str], str | None]) -> tuple[str | None, str | None]:
     """``(node name, None)`` or ``(None, the scheduler's message)``.
@@ -138,7 +193,7 @@ def schedule(pod: Obj, nodes: list[Obj], bound_by_node: dict[str, list[Obj]],
     for node in nodes:
         name = node["metadata"]["name"]
         bound = bound_by_node.get(name, [])
-        why = node_reasons(pod, node, bound)
+        why = node_reasons(pod, node, bound) or inter_pod_reasons(pod, node, nodes, bound_by_node)
         if why:
             reasons.update(why)
             continue

@@ -97,6 +97,14 @@ class KubernetesSettings(StrictModel):
         default="vllm/vllm-router:v0.1.17",
         description="vllm-router image (repository:tag) run in front of every arm.",
     )
+    placement: Literal["free", "same-node", "spread"] = Field(
+        default="free",
+        description="Where a disaggregated arm's prefill and decode pods go relative to each other: "
+        "same-node (the KV hand-off stays inside a node: NVLink or PCIe), spread (never on one "
+        "node: the KV crosses the network), or free (the scheduler decides). Either way the "
+        "placement each run got is observed and stored, and blocks whose placement differs "
+        "for an arm are not compared.",
+    )
     loadgen_image: str = Field(
         default=LOADGEN_IMAGE,
         min_length=1,
@@ -217,7 +225,7 @@ class KubernetesSettings(StrictModel):
     def _omit_default_sglang_image(self, handler: SerializerFunctionWrapHandler) -> Any:
         # Added after plans were registered: left out at its default (every plan keeps its hash).
         return omit_while(handler(self), {"sglang_image_repository": SGLANG_IMAGE_REPOSITORY,
-                                          "loadgen_image": LOADGEN_IMAGE})
+                                          "loadgen_image": LOADGEN_IMAGE, "placement": "free"})
 
     def image_repository_for(self, engine: str) -> str:
         """The image repository of an engine's workers (``vllm`` or ``sglang``)."""

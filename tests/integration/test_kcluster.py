@@ -775,3 +775,28 @@ def test_weights_are_fetched_once_per_cache_not_per_attempt(kcluster: EmulatedCl
     fetched = kcluster.weights.fetches[before:]
     nodes = {f.node for f in fetched}
     assert len(fetched) == len(nodes) <= 2 and {f.volume for f in fetched} == {"hostPath"}, fetched
+
+
+@pytest.mark.parametrize("placement,observed", [("same-node", "same-node"), ("spread", "cross-node")])
+def test_placement_pins_prefill_and_decode_and_the_run_stores_what_it_got(
+        kcluster: EmulatedCluster, placement: str, observed: str) -> None:
+    """Issue 29: kubernetes.placement is honoured by the scheduler's inter-pod (anti-)affinity,
+    and the run's fingerprint stores the placement observed from its pods' nodes."""
+    plan = _plan(placement=placement)
+    backend, dep, ns = _deploy(kcluster, plan, "B")
+    backend.ready(dep, deadline_s=60)
+    nodes = {p["metadata"]["labels"]["orchestrator/role"]: p["spec"]["nodeName"]
+             for p in kcluster.pods(ns) if p["metadata"]["labels"]["orchestrator/role"] in ("prefill", "decode")}
+    assert (nodes["prefill"] == nodes["decode"]) == (placement == "same-node"), nodes
+    got = dep.fingerprint.details["pd_placement"]
+    assert got == {"observed": observed, "prefill": [nodes["prefill"]], "decode": [nodes["decode"]]}
+    _teardown_and_check(kcluster, backend, dep, ns)
+
+
+def test_spread_placement_on_one_gpu_node_is_unschedulable_in_the_schedulers_words() -> None:
+    with EmulatedCluster(nodes=[gpu_node("h200-only"), cpu_node()]) as cluster:
+        backend, dep, ns = _deploy(cluster, _plan(placement="spread"), "B")
+        with pytest.raises(TransientError) as err:
+            backend.ready(dep, deadline_s=3)
+        assert "didn't match pod anti-affinity rules" in str(err.value), str(err.value)[:2000]
+        _teardown_and_check(cluster, backend, dep, ns)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import logs
+from orchestrator.analysis.guards import pd_placement_of
 from orchestrator.backends.base import Deployment, Endpoint, Fingerprint, RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.api import KubeApi, in_cluster, load_api_client
@@ -356,12 +357,14 @@ class KubernetesBackend:
     def _record_fingerprint(self, deployment: Deployment, pods: list[dict[str, Any]]) -> None:
         images: dict[str, str] = {}
         nodes: set[str] = set()
+        by_role: dict[str, list[str]] = {}
         for pod in pods:
             if pod_state(pod).role == "router":  # a CPU pod: what it runs on is not the arm's GPUs
                 continue
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 nodes.add(node)
+                by_role.setdefault(pod_state(pod).role or "", []).append(node)
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 if cs.get("imageID"):
                     images[cs.get("image", cs.get("name", "?"))] = cs["imageID"]
@@ -386,6 +389,11 @@ class KubernetesBackend:
             path = ENGINES[deployment.handles_as(KubeHandles).engine].version_path
             observed.update(engine_version=version, engine_version_source=path)
         deployment.fingerprint = deployment.fingerprint.observed(**observed)
+        if "prefill" in by_role or "decode" in by_role:  # disaggregated: where the KV hand-off ran
+            placement = {"observed": pd_placement_of(by_role.get("prefill", []), by_role.get("decode", [])),
+                         "prefill": sorted(by_role.get("prefill", [])), "decode": sorted(by_role.get("decode", []))}
+            deployment.fingerprint = replace(deployment.fingerprint, details={
+                **deployment.fingerprint.details, "pd_placement": placement})
 
     def _served_version(self, deployment: Deployment, pods: list[dict[str, Any]]) -> str | None:
         """The engine's own version of a worker (vLLM's ``GET /version``, SGLang's

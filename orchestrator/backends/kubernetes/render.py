@@ -152,6 +152,26 @@ def vllm_args(plan: Plan, arm: Arm, tp: int, role: Role = "worker") -> list[str]
 engine_args = vllm_args  # the name for any engine (vllm_args: the older one, kept for callers)
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def _pd_placement(placement: str, arm: Arm, role: Role, labels: dict[str, str]) -> Obj:
+    """A disaggregated arm's prefill and decode pods of one run, together on a node
+    (same-node: each pod must land where a pod of the pair already runs; the first may go
+    anywhere) or never on one (spread: anti-affinity to the other role); nothing when free."""
+    if arm.layout != "disaggregated" or placement == "free" or role not in ("prefill", "decode"):
+        return {}
+    run = {naming.RUN_LABEL: labels[naming.RUN_LABEL]}
+    if placement == "same-node":
+        selector = {"matchLabels": run, "matchExpressions": [
+            {"key": naming.ROLE_LABEL, "operator": "In", "values": ["prefill", "decode"]}]}
+        return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": selector, "topologyKey": HOSTNAME}]}}
+    other = "decode" if role == "prefill" else "prefill"
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {**run, naming.ROLE_LABEL: other}}, "topologyKey": HOSTNAME}]}}
+
+
 def _gpu_affinity(plan: Plan, arm: Arm) -> Obj:
     assert arm.gpu is not None  # plan validation: a provisioned arm names its GPU (external ones are refused)
     return gpu_affinity(plan.kubernetes, arm.gpu)
@@ -198,7 +218,7 @@ def _pool_deployment(
     spec = tpl["spec"]
     spec["terminationGracePeriodSeconds"] = k.termination_grace_s
     pull_secrets(spec, k.image_pull_secrets)
-    spec["affinity"] = _gpu_affinity(plan, arm)
+    spec["affinity"] = {**_gpu_affinity(plan, arm), **_pd_placement(k.placement, arm, role, labels)}
     if k.node_selector:
         spec["nodeSelector"] = dict(sorted(k.node_selector.items()))
     if k.tolerations:
