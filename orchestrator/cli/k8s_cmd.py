@@ -104,7 +104,8 @@ def emulate(
         stop.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    cluster = EmulatedCluster(nodes=specs)
+    # Strict: Service cluster IPs route only from the cluster's pods, as on a real cluster.
+    cluster = EmulatedCluster(nodes=specs, cluster_network=True)
     written_path: Path | None = None
     try:
         cluster.start()

@@ -76,7 +76,10 @@ class EmulatedCluster:
     ``max_grace_s`` the cap on a pod's termination grace. ``pod_cidr`` / ``service_cidr``:
     loopback ranges of pod IPs and clusterIPs. ``process_env``: extra environment for every
     started process. ``workdir``: logs and the kubeconfig (default: a temporary folder, removed).
-    ``tls``: serve HTTPS (a CA of its own, in the kubeconfigs), as a real API server does."""
+    ``tls``: serve HTTPS (a CA of its own, in the kubeconfigs), as a real API server does.
+    ``cluster_network``: Service cluster IPs answer only the pods' processes, as a clusterIP
+    routes only inside a real cluster (a workstation's orch cannot reach them); off, any local
+    process may (a test standing in for a process inside the cluster)."""
 
     def __init__(self, nodes: list[NodeSpec] | None = None, *, tick_s: float = 0.05,
                  start_delay_s: float = 0.1, probe_period_s: float = 0.1, pull_backoff_s: float = 0.3,
@@ -84,7 +87,7 @@ class EmulatedCluster:
                  pod_cidr: str = "127.77.0.0/16", service_cidr: str = "127.96.0.0/16",
                  node_cidr: str = "127.78.0.0/16", enforce_namespaces: bool = True,
                  process_env: dict[str, str] | None = None, workdir: str | Path | None = None,
-                 tls: bool = True):
+                 tls: bool = True, cluster_network: bool = False):
         self.node_specs = default_nodes() if nodes is None else list(nodes)
         self.tick_s, self.start_delay_s, self.probe_period_s = tick_s, start_delay_s, probe_period_s
         self.pull_backoff_s, self.restart_backoff_s, self.max_grace_s = pull_backoff_s, restart_backoff_s, max_grace_s
@@ -104,6 +107,7 @@ class EmulatedCluster:
         self.registry = Registry()
         self.weights = WeightStore()  # which volumes hold which weights; every download counted
         self.tls = tls
+        self.cluster_network = cluster_network
         self.certificates: Certificates | None = None
         self.errors: list[BaseException] = []  # exceptions of the control loop (should stay empty)
         self.url = ""
@@ -136,7 +140,7 @@ class EmulatedCluster:
                     self.apiserver.on_change = self._wake.set
                     self.kubelet = Kubelet(self)
                     self.controllers = Controllers(self)
-                    self.proxy = KubeProxy(self.apiserver)
+                    self.proxy = KubeProxy(self.apiserver, self.pod_pids if self.cluster_network else None)
                     self.apiserver.read_log = self.kubelet.read_log
                     self._write_kubeconfig()
                     for ns in ("default", "kube-system"):
@@ -563,6 +567,15 @@ class EmulatedCluster:
                     "port": cr.launch.port}
 
         return self._call(do)
+
+    def pod_pids(self) -> set[int]:
+        """Every process of the pods' containers (their process groups: what they started too)."""
+        out: set[int] = set()
+        for proc, *_ in list(self.started_processes):
+            if proc.poll() is None:
+                out.add(proc.pid)
+            out.update(_group_members(proc.pid))
+        return out
 
     def live_processes(self) -> list[dict[str, Any]]:
         """Processes this cluster started that still run (or whose process group has members)."""

@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.kcluster.controllers import deleting, is_ready
+from orchestrator.kcluster.netowner import connection_inode, owned_by
 
 if TYPE_CHECKING:
     from orchestrator.kcluster.apiserver import ApiServer
@@ -30,11 +32,17 @@ class ServiceRelay:
 
 
 class KubeProxy:
-    def __init__(self, api: ApiServer):
+    """``pod_pids``, when given, keeps cluster IPs inside the cluster network: a connection
+    from a process that is none of them (nor of their process groups) is refused
+    (``netowner``), as a clusterIP does not route from a workstation."""
+
+    def __init__(self, api: ApiServer, pod_pids: Callable[[], set[int]] | None = None):
         self.api = api
+        self.pod_pids = pod_pids
         self.relays: dict[tuple[str, str], ServiceRelay] = {}
         self.connections: dict[asyncio.Task[Any], list[asyncio.StreamWriter]] = {}
         self.relayed = 0  # connections relayed to a pod, all services
+        self.refused_outside = 0  # connections from outside the cluster network (pod_pids)
         self.errors: list[str] = []  # listeners that could not bind
 
     async def sync(self) -> None:
@@ -94,6 +102,9 @@ class KubeProxy:
         if task is not None:
             self.connections[task] = writers
         try:
+            if self.pod_pids is not None and not await self._from_a_pod(writer):
+                self.refused_outside += 1
+                return
             ep = self._endpoint(key, port)
             if ep is None:
                 return
@@ -110,6 +121,20 @@ class KubeProxy:
                     w.close()
             if task is not None:
                 self.connections.pop(task, None)
+
+    async def _from_a_pod(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether the connecting process is one of the cluster's pods' (see the class)."""
+        assert self.pod_pids is not None
+        peer, here = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        if not peer or not here:
+            return False
+        pids = self.pod_pids()
+
+        def look() -> bool:
+            inode = connection_inode((peer[0], peer[1]), (here[0], here[1]))
+            return inode is not None and owned_by(inode, pids)
+
+        return await asyncio.to_thread(look)
 
     async def _close(self, relay: ServiceRelay) -> None:
         for server in relay.servers.values():

@@ -56,7 +56,9 @@ def test_a_workstation_run_sends_its_load_from_the_cluster_under_the_workstation
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text(yaml.safe_dump(plan_doc))
     nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
-    with EmulatedCluster(nodes=nodes) as cluster:
+    # cluster_network: a Service's cluster IP answers the pods' processes only, as on a real
+    # cluster, where it does not route from a workstation.
+    with EmulatedCluster(nodes=nodes, cluster_network=True) as cluster:
         cluster.apply_objects(workstation_rbac(USER), namespace=NAMESPACE)
         kubeconfig = cluster.kubeconfig_for(USER, namespace=NAMESPACE)
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
@@ -91,9 +93,11 @@ def test_a_workstation_run_sends_its_load_from_the_cluster_under_the_workstation
             store.close()
 
         # Measured traffic went pod to Service: the kube-proxy relayed connections for the
-        # points; the router's own port-forward carried only control (readiness), a handful
-        # of streams per run, while each point opened one stream to its generator.
+        # points (from the generator pods: it refuses any other process, and refused none); the
+        # router's own port-forward carried only control (readiness), a handful of streams per
+        # run, while each point opened one stream to its generator.
         assert cluster.proxy.relayed - relayed_before >= points
+        assert cluster.proxy.refused_outside == 0
         assert _streams(cluster, "loadgen") >= points
         assert _streams(cluster, "router") <= 4 * len(runs), _streams(cluster, "router")
 
@@ -107,3 +111,39 @@ def test_a_workstation_run_sends_its_load_from_the_cluster_under_the_workstation
                     if (o.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "orchestrator"]
             assert not ours, (kind, [o["metadata"]["name"] for o in ours])
         cluster.wait_for(lambda: not cluster.live_processes(), 30, what="every process stopped")
+
+
+def test_a_services_cluster_ip_answers_pods_only_on_a_strict_emulated_cluster() -> None:
+    """The strictness the test above relies on: from this process (a workstation) a Service's
+    cluster IP accepts the connection and closes it unanswered; from a pod's process (a load
+    generator measuring its path to its own Service) it relays."""
+    import httpx
+
+    with EmulatedCluster(nodes=[cpu_node()], cluster_network=True) as cluster:
+        api = cluster.kube_api()
+        cluster.add_namespace("t")
+        labels = {"app": "agent"}
+        api.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "agent", "namespace": "t"},
+                   "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+                       "containers": [{"name": "agent", "image": "orchestrator:0.1.0",
+                                       "command": ["orch", "loadgen", "agent", "--host", "0.0.0.0", "--port", "8000"],
+                                       "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}}}})
+        api.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "agent", "namespace": "t"},
+                   "spec": {"selector": labels, "ports": [{"port": 8000, "targetPort": 8000}]}})
+
+        def ready_pod() -> dict | None:
+            return next((p for p in cluster.pods("t") if (p.get("status") or {}).get("podIP")
+                         and all(c.get("ready") for c in p["status"].get("containerStatuses") or [])), None)
+
+        pod = cluster.wait_for(ready_pod, 60, what="agent ready")
+        ip = cluster.wait_for(lambda: (cluster.objects("Service", "t").get("agent") or {}).get("spec", {})
+                              .get("clusterIP"), 20, what="cluster IP")
+        service = f"http://{ip}:8000"
+        cluster.wait_for(lambda: cluster.proxy.relays, 20, what="kube-proxy listening")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{service}/health", timeout=5)
+        assert cluster.proxy.refused_outside >= 1 and cluster.proxy.relayed == 0
+        # From the pod: its own path to its Service is measured through the kube-proxy.
+        path = httpx.get(f"http://{pod['status']['podIP']}:8000/v1/path", params={"url": service, "samples": 3},
+                         timeout=60).json()
+        assert path["samples"] == 3 and cluster.proxy.relayed >= 1, (path, cluster.proxy.relayed)  # keep-alive: one
