@@ -202,7 +202,7 @@ class Executor:
             self._lease = ExperimentLease(base, exp_id, self.session).acquire(self.take_over)
             self.store = ResilientStore(self._lease.fenced(), self._retry_budget_s)
         spool = self.config.state_dir / "spool"
-        if spooled_points(spool):
+        if spooled_points(spool, retrying(self.store.identity, "store identity", self._retry_budget_s)):
             mine: set[int] = set()
             for r in self.store.runs(exp_id):
                 mine.update(int(i) for i in self.store.points(r.id)["id"])

@@ -350,6 +350,7 @@ class PointRunner:
             judged, plan.guards, not_asked="a prompts file's own text asks for no length"
             if plan.workload.kind == "dataset" else None)]
         flushed = _flush_within(sink, float(getattr(self.store, "retry_budget_s", 0.0)))
+        sink.raise_if_held()  # records in memory only: said loudly, never dropped silently
         doc: dict[str, Any] = metrics.to_dict()  # per_class: class -> figures (a JSON mapping)
         context_doc: dict[str, Any] = {
             "server_prefix_hit_rate": hit, "ideal_prefix_hit_rate": context.expected_prefix_hit_rate,

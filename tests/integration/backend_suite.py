@@ -49,7 +49,7 @@ from orchestrator.records import RequestRecord
 
 # Every method of the protocol (kept explicit: a method added to the protocol must be added
 # here, and then every backend is checked for it).
-PROTOCOL_METHODS = ("startup_budget_s", "deploy", "ready", "alive", "scrape", "teardown", "cleanup")
+PROTOCOL_METHODS = ("startup_budget_s", "sends_load_here", "deploy", "ready", "alive", "scrape", "teardown", "cleanup")
 
 
 @dataclass

@@ -140,7 +140,14 @@ def test_outage_past_budget_aborts_then_rerun_replays(own_pg: postgres.PrivatePo
 
 
 class _Down:
-    """A store whose every ingest fails as an unreachable database does."""
+    """``store``, whose every ingest fails as an unreachable database does (the point was
+    read before it went down: whose it is, is known)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def point_owner(self, point_id: int) -> Any:
+        return self.store.point_owner(point_id)
 
     def ingest_requests(self, point_id: int, records: Any) -> int:
         raise sa.exc.OperationalError("INSERT", {}, Exception("connection refused"))
@@ -169,16 +176,16 @@ def test_replay_writes_this_experiments_spool_only(sqlite_url: str, tmp_path: Pa
             run = store.start_run(exp, "A", 0, 0, 0, config)
             points.append(store.record_point(run, seq=0, window_start_s=0, window_end_s=1, n_scheduled=5))
         for pid in points:
-            sink = SpoolingSink(_Down(), pid, spool)
+            sink = SpoolingSink(_Down(store), pid, spool)
             sink(_records(3))
             sink(_records(5)[3:])
             assert sink.spooled_batches == 2 and sink.pending
-        assert spooled_points(spool) == sorted(points)
+        assert spooled_points(spool, store.identity()) == sorted(points)
         assert replay(store, spool, {points[0]}) == 5
         assert len(store.requests(points[0])) == 5 and store.requests(points[1]) == []
-        assert spooled_points(spool) == [points[1]]
+        assert spooled_points(spool, store.identity()) == [points[1]]
         assert replay(store, spool, {points[0], points[1]}) == 5
-        assert spooled_points(spool) == []
+        assert spooled_points(spool, store.identity()) == []
 
 
 def test_retrying_rides_through_then_gives_up() -> None:

@@ -15,6 +15,7 @@ from orchestrator.plan import load_plan_file
 from orchestrator.records import RECORD_FIELDS, RequestRecord
 from orchestrator.store import Store
 from orchestrator.store.database import create_engine, downgrade, upgrade
+from orchestrator.store.rows import PointOwner
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -125,6 +126,9 @@ class _Down:
     def __init__(self) -> None:
         self.up = False
         self.got: list[RequestRecord] = []
+
+    def point_owner(self, point_id: int) -> PointOwner:
+        return PointOwner("0" * 32, 1, 1, "running")
 
     def ingest_requests(self, point_id: int, batch: list[RequestRecord]) -> int:
         if not self.up:
