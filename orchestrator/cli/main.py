@@ -49,6 +49,7 @@ COMMAND_HOMES = {
     "run": ("run_cmd",),
     "demo": ("run_cmd",),
     "verdict": ("run_cmd",),
+    "verify": ("run_cmd",),
     "status": ("run_cmd",),
     "submit": ("run_cmd",),
     "cancel": ("run_cmd",),

@@ -44,6 +44,7 @@ def _outcome_doc(store: StoreLike, out: ExperimentOutcome) -> dict:
             for r in runs
         ],
         "gate_exit_code": out.gate_code,
+        "chain_head": store.chain_head(),
     }
 
 
@@ -63,6 +64,8 @@ def _print_outcome(doc: dict) -> None:
             say(line)
     if not e["complete"]:
         say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
+    if doc.get("chain_head"):
+        say(f"chain head: {doc['chain_head']} (keep it: `orch verify --head` proves nothing before it changed)")
 
 
 YES_OPTION = typer.Option(False, "--yes", "-y", help="Run even if the dry run predicts a bar's power "
@@ -242,23 +245,62 @@ def verdict(
         # --gate and --verify never trust a stored verdict: every bar is judged again (issue 30).
         differ = recheck(store, doc, _judged_row) if gate or verify else []
         code = doc["gate_exit_code"]
+        chain_report = store.verify_chain() if verify else None
+        doc["chain_head"] = chain_report.head if chain_report is not None else store.chain_head()
     changed = [c for c in checks if c.changed]
     if verify:
         doc["verify"] = {"checked": sum(c.stored is not None for c in checks),
                          "unchecked": [c.run_id for c in checks if c.stored is None],
                          "changed": [{"run": c.run_id, "block": c.block, "arm": c.arm, "attempt": c.attempt,
                                       "stored": c.stored, "actual": c.actual} for c in changed]}
+    if chain_report is not None:
+        doc["verify"]["chain"] = chain_report.to_dict()
     emit_json(doc) if as_json else _print_outcome(doc)
+    for line in chain_report.problems if chain_report is not None else []:
+        sys.stderr.write(line + "\n")
     for c in changed:
         stored = (c.stored or "")[:12]
         sys.stderr.write(f"run {c.run_id} (block {c.block}, arm {c.arm}, attempt {c.attempt}): records changed "
                          f"since the run finished (digest stored {stored}, now {c.actual[:12]})\n")
     for line in differ:
         sys.stderr.write(line + "\n")
-    if changed or differ:
+    if changed or differ or (chain_report is not None and chain_report.problems):
         raise typer.Exit(VERIFY_EXIT)
     if gate and code:
         raise typer.Exit(code)
+
+
+@app.command("verify")
+def verify_cmd(
+    head: str = typer.Option(None, "--head", help="A chain head printed earlier (by orch verdict or orch verify; "
+                             "12 or more hex digits): it must be a link of the chain."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Walk the hash chain over every finished run and verdict: each link, each sealed row's
+    content now, and --head. Exit 6 (one line per problem) when anything changed since it was
+    sealed or the kept head is not in the chain; prints the head."""
+    import re
+
+    from orchestrator.store import Store
+
+    if head is not None and not re.fullmatch(r"[0-9a-fA-F]{12,64}", head):
+        raise UserError(f"--head: {head!r} is not a chain head (12 to 64 hex digits)")
+    with Store.open() as store:
+        report = store.verify_chain(head)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        say(f"chain: {report.links} links, head {report.head or '(none: nothing sealed yet)'}")
+        if report.unsealed_runs or report.unsealed_verdicts:
+            say(f"not sealed (stored before the chain, migration 0012): {report.unsealed_runs} finished runs, "
+                f"{report.unsealed_verdicts} verdicts")
+        if report.head_found and not report.problems:
+            say(f"the kept head is link {report.links - report.after_head}, {report.after_head} links since: "
+                "nothing sealed up to it changed")
+    for line in report.problems:
+        sys.stderr.write(line + "\n")
+    if report.problems:
+        raise typer.Exit(VERIFY_EXIT)
 
 
 @app.command("status")

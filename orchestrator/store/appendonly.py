@@ -56,7 +56,7 @@ if RECORD_FIELDS[-len(OPTIONAL_FIELDS):] != OPTIONAL_FIELDS:  # they must be the
 # of the columns a run's lifecycle sets, DELETE only of the derived summaries.
 RUNTIME_INSERT = ("plan_registrations", "deployment_configs", "experiments", "runs", "load_points", "requests",
                   "guard_results", "capacities", "bar_verdicts", "metric_samples", "capacity_summaries",
-                  "workload_signatures", "history_groups")
+                  "workload_signatures", "history_groups", "chain_entries")
 RUNTIME_UPDATE = {
     "experiments": ("status", "controller_id", "started_at", "finished_at"),
     "runs": ("status", "valid", "invalid_reason", "engine_version", "image_digest", "gpu_type", "nodes",

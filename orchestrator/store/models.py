@@ -409,3 +409,22 @@ class StoreIdentity(Base):
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     identity: Mapped[str] = mapped_column(sa.String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ChainEntry(Base):
+    """One link of the hash chain over finished rows (migration 0012; store/chain.py): a run
+    when it finishes, a verdict when it is judged. ``sha256`` covers the previous link's, so
+    the last one (the head) printed and kept outside the database proves nothing before it
+    changed. Append-only; ``seq`` and ``prev_sha256`` unique, so the chain never forks."""
+
+    __tablename__ = "chain_entries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    seq: Mapped[int] = mapped_column(sa.BigInteger, unique=True)
+    kind: Mapped[str] = mapped_column(sa.String(16))  # run | verdict
+    ref_id: Mapped[int] = mapped_column(sa.BigInteger)
+    experiment_id: Mapped[int] = mapped_column(sa.BigInteger, index=True)
+    payload_sha256: Mapped[str] = mapped_column(sa.String(64))
+    prev_sha256: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    sha256: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)

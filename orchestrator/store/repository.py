@@ -21,7 +21,7 @@ from orchestrator.outcomes import CENSORING, VERDICTS
 from orchestrator.plan import Plan, canonical_json, plan_from_canonical, plan_hash
 from orchestrator.records import RequestRecord
 from orchestrator.secrets import scrub, scrub_value
-from orchestrator.store import database, summaries
+from orchestrator.store import chain, database, summaries
 from orchestrator.store.appendonly import maintenance, run_digest
 from orchestrator.store.history_api import HistoryQueries
 from orchestrator.store.ingest import Fence, fetch_requests, ingest_requests
@@ -346,6 +346,7 @@ class Store(HistoryQueries):
             summaries.mark_capacities(s, row, self._keys_of(s, row))
             classes = s.scalars(sa.select(Capacity.class_name).where(Capacity.run_id == run_id)).all()
             summaries.refresh(s, row.config_id, classes)
+            chain.append(s, "run", run_id, row.experiment_id, row.digest)  # sealed with it (store/chain.py)
 
     def verify_digests(self, experiment_id: int) -> list[DigestCheck]:
         """Every finished run's stored digest against its records and outcome now (``orch
@@ -363,6 +364,16 @@ class Store(HistoryQueries):
                     actual, version = r.digest, 1
                 out.append(DigestCheck(r.id, r.arm, r.block, r.attempt, r.digest, actual, version))
             return out
+
+    def chain_head(self) -> str | None:
+        """The hash chain's head (store/chain.py): print it, keep it outside the database."""
+        with self._sessions() as s:
+            return chain.head(s)
+
+    def verify_chain(self, kept_head: str | None = None) -> chain.ChainReport:
+        """Walk the hash chain: every link, every sealed row's content now, and ``kept_head``."""
+        with self._sessions() as s:
+            return chain.verify(s, kept_head)
 
     def identity(self) -> str:
         """This database's identity (``store_identity``, written once by migration 0011)."""
@@ -562,7 +573,11 @@ class Store(HistoryQueries):
                     f"experiment {experiment_id} runs registration {exp.registration_id}; a verdict "
                     f"judged against registration {registration_id} is refused"
                 )
-            s.add(BarVerdict(experiment_id=experiment_id, bar_id=bar_id, **values))
+            row = BarVerdict(experiment_id=experiment_id, bar_id=bar_id, **values)
+            s.add(row)
+            s.flush()
+            s.expire(row)  # sealed as the database keeps it (read back), not as it was given
+            chain.append(s, "verdict", row.id, experiment_id, chain.verdict_payload(row))
 
     def verdicts(self, experiment_id: int, *, history: bool = False) -> list[VerdictInfo]:
         """Each bar's latest verdict, by bar id (``history``: every verdict, oldest first per bar)."""

@@ -179,7 +179,10 @@ def test_orch_verdict_verify_exits_6_with_one_line_per_changed_run(
     bad = orch("verdict", name, "--verify")
     assert bad.returncode == 6
     lines = bad.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"run {run} (block 0, arm A, attempt 0): records changed")
+    # one line for the run's digest, one for the hash chain's link that sealed it (issue 30)
+    assert len(lines) == 2 and any(ln.startswith(f"run {run} (block 0, arm A, attempt 0): records changed")
+                                   for ln in lines), lines
+    assert any(ln.startswith(f"run {run} (experiment ") and "changed since it was sealed" in ln for ln in lines)
     assert orch("verdict", name).returncode == 0  # without --verify: not checked
 
 

@@ -159,7 +159,7 @@ def test_0011_up_and_down_on_both_databases(db_url: str) -> None:
     is what 0011 is for); up again: a fresh identity. One head."""
     engine = create_engine(db_url)
     upgrade(engine)
-    assert current_revision(engine) == head_revision() == "0011"
+    assert current_revision(engine) == head_revision() >= "0011"
     pg = engine.dialect.name == "postgresql"
     with engine.connect() as conn:
         (first,) = conn.execute(sa.text("select identity from store_identity")).scalars().all()
@@ -193,8 +193,8 @@ def test_a_runtime_role_granted_before_0011_reads_the_identity(pg_url: str) -> N
     role = f"orch_rt_{uuid.uuid4().hex[:8]}"
     with engine.begin() as conn:
         conn.execute(sa.text(f"create role {role} login"))
-        for grant in runtime_grants(role):
-            conn.execute(sa.text(grant))
+        for grant in runtime_grants(role):  # as they were at 0010: no table of 0012 yet
+            conn.execute(sa.text(grant.replace(", chain_entries", "")))
     try:
         upgrade(engine)
         url = sa.make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)
