@@ -42,7 +42,7 @@ class ChildProcess:
     argv: list[str]
 
     def alive(self) -> bool:
-        return _alive(self.pid)
+        return pid_alive(self.pid)
 
 
 def start_process(
@@ -58,7 +58,8 @@ def start_process(
     return ChildProcess(role=role, pid=proc.pid, port=port, log=str(log), argv=argv)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie child of this process is reaped, and is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

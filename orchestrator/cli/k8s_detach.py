@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.backends.processes import pid_alive
 from orchestrator.errors import EnvironmentProblem, UserError
 
 READY_LINE = "running until Ctrl-C or SIGTERM"
@@ -31,16 +32,6 @@ def pid_file(kubeconfig: Path) -> Path:
     return kubeconfig.with_name(kubeconfig.name + ".pid")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _running(kubeconfig: Path) -> int | None:
     """The PID of the background cluster of ``kubeconfig`` while it runs (a stale file is removed)."""
     path = pid_file(kubeconfig)
@@ -48,7 +39,7 @@ def _running(kubeconfig: Path) -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    if _alive(pid) and _is_emulate(pid):
+    if pid_alive(pid) and _is_emulate(pid):
         return pid
     path.unlink(missing_ok=True)  # gone, or its PID now another program's: never signalled
     return None
@@ -113,23 +104,10 @@ def _terminate(pid: int) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(pid) and not _reaped(pid):
+    while pid_alive(pid):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             return False
         time.sleep(0.2)
     return True
-
-
-def _reaped(pid: int) -> bool:
-    """True once ``pid`` is a zombie or gone (a child of this process is reaped here)."""
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True

@@ -44,6 +44,7 @@ from orchestrator.engines.sglang import BOOTSTRAP_PORT as SGLANG_BOOTSTRAP_PORT
 from orchestrator.plan import load_plan_file, validate_plan
 from orchestrator.plan.catalog import GPUS
 from orchestrator.plan.kubernetes import KubernetesSettings
+from tests.support.chart import render_chart
 from tests.unit.test_k8s_render import EXAMPLES, assert_valid_k8s, pod_security_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,13 +64,7 @@ WORKER_GROUP = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStart
 def render(values: dict[str, Any] | None = None, namespace: str = "bench",
            name: str = "orch") -> list[dict[str, Any]]:
     """The chart's objects for ``values`` (schema-checked by Helm), NOTES.txt left out."""
-    chart = helm.Chart.load(str(CHART))
-    out = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
-    objs: list[dict[str, Any]] = []
-    for path, text in sorted(out.items()):
-        if path.endswith(".yaml"):
-            objs.extend(d for d in yaml.safe_load_all(text) if d)
-    return objs
+    return render_chart(values, namespace=namespace, name=name)
 
 
 def _one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
