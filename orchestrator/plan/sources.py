@@ -1,6 +1,6 @@
 """A workload's own data: a prompts file or a request trace, named by path and sha256 (pure).
 
-Prompts (JSONL, one object a line), any of:
+Prompts (JSONL, one object a line; or one JSON array of such objects, as ShareGPT ships), any of:
   {"prompt": "text"}                                   a completion prompt
   {"messages": [{"role": "user", "content": "..."}]}   a chat conversation (its last turn is sent)
   {"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}
@@ -134,11 +134,15 @@ def file_sha256(path: str | Path) -> str:
 
 
 def _lines(path: str | Path) -> list[dict]:
+    """The file's records: JSONL (one object a line), or one JSON array of objects (ShareGPT's
+    own files); ``__line`` its line or element number, ``__at`` that in words for messages."""
     out: list[dict] = []
     try:
         text = read_bounded(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    if text.lstrip().startswith("["):
+        return _array(path, text)
     with io.StringIO(text) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -151,8 +155,39 @@ def _lines(path: str | Path) -> list[dict]:
                 raise DataFileError(f"{path} line {n}: not JSON ({e.msg})") from None
             if not isinstance(doc, dict):
                 raise DataFileError(f"{path} line {n}: expected a JSON object")
-            doc["__line"] = n
+            doc["__line"], doc["__at"] = n, f"line {n}"
             out.append(doc)
+    if not out:
+        raise DataFileError(f"{path}: no records")
+    return out
+
+
+def _array(path: str | Path, text: str) -> list[dict]:
+    """A JSON array of objects, read element by element (a bad element is named by number)."""
+    decoder = json.JSONDecoder()
+    out: list[dict] = []
+    i = text.index("[") + 1
+    n = 0
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text):
+            raise DataFileError(f"{path}: the JSON array is not closed")
+        if text[i] == "]":
+            break
+        n += 1
+        if len(out) >= MAX_LINES:
+            raise DataFileError(f"{path}: more than {MAX_LINES} elements")
+        try:
+            doc, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise DataFileError(f"{path} element {n}: not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(doc, dict):
+            raise DataFileError(f"{path} element {n}: expected a JSON object")
+        doc["__line"], doc["__at"] = n, f"element {n}"
+        out.append(doc)
+    if text[i + 1:].strip():
+        raise DataFileError(f"{path}: text after the JSON array")
     if not out:
         raise DataFileError(f"{path}: no records")
     return out
@@ -163,17 +198,17 @@ _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assista
 
 
 def _prompt_entry(path: str | Path, doc: dict) -> PromptEntry | None:
-    n = doc["__line"]
+    n = doc["__at"]
     out = doc.get("output_tokens")
     if out is not None and (not isinstance(out, int) or isinstance(out, bool) or not 1 <= out <= 1_000_000):
-        raise DataFileError(f"{path} line {n}: output_tokens must be an integer in [1, 1000000]")
+        raise DataFileError(f"{path} {n}: output_tokens must be an integer in [1, 1000000]")
     if isinstance(doc.get("prompt"), str):
         return PromptEntry(doc["prompt"], (), out) if doc["prompt"].strip() else None
     if isinstance(doc.get("messages"), list):
         msgs = []
         for m in doc["messages"]:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise DataFileError(f"{path} line {n}: each message needs a string role and content")
+                raise DataFileError(f"{path} {n}: each message needs a string role and content")
             msgs.append((m["role"], m["content"]))
         if not msgs:
             return None
@@ -198,7 +233,7 @@ def _prompt_entry(path: str | Path, doc: dict) -> PromptEntry | None:
         if out is None and reply is not None:
             out = max(1, len(reply.split()))
         return PromptEntry(" ".join(c for _, c in msgs), tuple(msgs), out)
-    raise DataFileError(f"{path} line {n}: expected `prompt`, `messages` or ShareGPT `conversations`")
+    raise DataFileError(f"{path} {n}: expected `prompt`, `messages` or ShareGPT `conversations`")
 
 
 def read_prompts(path: str | Path) -> list[PromptEntry]:
@@ -212,23 +247,29 @@ def read_prompts(path: str | Path) -> list[PromptEntry]:
 def _int_field(path: str | Path, doc: dict, key: str, lo: int) -> int:
     v = doc.get(key)
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= 1_000_000:
-        raise DataFileError(f"{path} line {doc['__line']}: {key} must be an integer in [{lo}, 1000000]")
+        raise DataFileError(f"{path} {doc['__at']}: {key} must be an integer in [{lo}, 1000000]")
     return v
 
 
 def read_trace(path: str | Path) -> list[TraceEntry]:
-    """A trace's requests sorted by arrival, times in seconds from its first request."""
+    """A trace's requests in arrival order, times in seconds from its first request. A trace
+    is replayed as recorded: one whose timestamps go back is refused at the line (sorting it
+    silently would replay another trace)."""
     rows: list[TraceEntry] = []
+    last: tuple[float, str] | None = None
     for doc in _lines(path):
         ts = doc.get("timestamp")
         if not isinstance(ts, int | float) or isinstance(ts, bool) or ts != ts or ts < 0:
-            raise DataFileError(f"{path} line {doc['__line']}: timestamp must be a number >= 0 (ms)")
+            raise DataFileError(f"{path} {doc['__at']}: timestamp must be a number >= 0 (ms)")
+        if last is not None and ts < last[0]:
+            raise DataFileError(f"{path} {doc['__at']}: timestamp {ts:g} ms is earlier than {last[1]}'s "
+                                f"{last[0]:g} ms; a trace is replayed in its own order: sort it by timestamp")
+        last = (float(ts), str(doc["__at"]))
         ids = doc.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
-            raise DataFileError(f"{path} line {doc['__line']}: hash_ids must be a list of integers")
+            raise DataFileError(f"{path} {doc['__at']}: hash_ids must be a list of integers")
         rows.append(TraceEntry(float(ts) / 1000.0, _int_field(path, doc, "input_length", 1),
                                _int_field(path, doc, "output_length", 1), tuple(ids)))
-    rows.sort(key=lambda r: r.t_s)
     t0 = rows[0].t_s
     return [TraceEntry(r.t_s - t0, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows]
 

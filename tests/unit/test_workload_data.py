@@ -149,3 +149,37 @@ def test_trace_requests_share_exactly_their_common_hash_ids(tmp_path: Path) -> N
     assert len({r.prompt_hash for r in reqs}) == len(reqs)
     rate = content_prefix_hit_rate(reqs[:3])
     assert rate == pytest.approx(1024 / 3000)  # b reuses a's two blocks, nothing else
+
+
+def test_a_sharegpt_json_array_is_read_as_the_jsonl_lines_are(tmp_path: Path) -> None:
+    """Issue 32: ShareGPT ships one JSON array of conversations, not JSONL; it reads the same,
+    and a bad element is named by its number."""
+    convs = [{"id": "a", "conversations": [{"from": "human", "value": "q one two"}, {"from": "gpt", "value": "r s t"}]},
+             {"id": "b", "conversations": [{"from": "gpt", "value": "no human turn"}]},  # skipped
+             {"id": "c", "conversations": [{"from": "human", "value": "second question"}]}]
+    arr, jsonl = tmp_path / "sharegpt.json", tmp_path / "sharegpt.jsonl"
+    arr.write_text(json.dumps(convs, indent=2))
+    jsonl.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    assert read_prompts(arr) == read_prompts(jsonl)
+    assert [(e.prompt, e.output_tokens) for e in read_prompts(arr)] == [("q one two", 3), ("second question", None)]
+    plan = validate_plan({**PLAN, "workload": {"source": {"kind": "prompts", "path": str(arr)}}})
+    assert plan.workload.prompts.conversations == 2
+    (tmp_path / "bad.json").write_text(json.dumps([convs[0], 7]))
+    with pytest.raises(DataFileError, match="element 2: expected a JSON object"):
+        read_prompts(tmp_path / "bad.json")
+    (tmp_path / "open.json").write_text(json.dumps(convs)[:-1])
+    with pytest.raises(DataFileError, match="not closed"):
+        read_prompts(tmp_path / "open.json")
+
+
+def test_a_trace_whose_timestamps_go_back_is_refused_at_the_line(tmp_path: Path) -> None:
+    """Issue 32: a trace is replayed in its own order; sorting one silently replays another."""
+    rows = [{"timestamp": 0, "input_length": 10, "output_length": 5},
+            {"timestamp": 300, "input_length": 10, "output_length": 5},
+            {"timestamp": 100, "input_length": 10, "output_length": 5}]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataFileError, match="line 3: timestamp 100 ms is earlier than line 2's 300 ms"):
+        read_trace(f)
+    f.write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["timestamp"])))
+    assert [t.t_s for t in read_trace(f)] == [0.0, 0.1, 0.3]
