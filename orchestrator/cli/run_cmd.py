@@ -102,6 +102,10 @@ def run(
     name: str | None = typer.Option(None, "--name", help="Experiment name (default: <plan>-<n>)."),
     take_over: bool = typer.Option(False, "--take-over", help="Resume an experiment whose controller "
                                    "died (never one whose controller is alive: that is refused)."),
+    shards: int | None = typer.Option(None, "--shards", min=1, max=64, help="The most load-generator "
+                                      "processes (Ray shards) a point may use above one process's calibrated "
+                                      "ceiling; 1: one process, no Ray (default ORCH_LOADGEN_MAX_SHARDS, else one per "
+                                      "core up to 8)."),
     yes: bool = YES_OPTION,
     allow_low_power: bool = ALLOW_LOW_POWER_OPTION,
     as_json: bool = JSON_OPTION,
@@ -113,7 +117,8 @@ def run(
     plan = load_plan_file(file)
     _check_power(plan, yes, allow_low_power)
     with Store.open() as store:
-        out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name, take_over=take_over)
+        out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name, take_over=take_over,
+                       shards=shards)
         doc = _outcome_doc(store, out)
     emit_json(doc) if as_json else _print_outcome(doc)
 

@@ -7,6 +7,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from orchestrator.paths import data_root
 from orchestrator.plan import Plan
 
 CALIBRATION_MAX_AGE_S = 24 * 3600
+NO_CEILING_MAX_AGE_S = 3600  # "no rate held" (a busy machine): measured again after an hour
+LOAD_SLACK = 0.5  # load per core above the calibration's that makes it stale
 
 
 def state_dir() -> Path:
@@ -99,29 +102,81 @@ def _calibration_path(plan: Plan, root: Path) -> Path:
     return root / f"calibration-{__version__}-{os.cpu_count()}-{plan.workload.output_tokens}-{plan.workload.api}.json"
 
 
-def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
-    """Requests/s one generator process sustains with p99 send lag < 1 ms for this reply length,
-    measured against a null server and cached for a day (ORCH_SKIP_CALIBRATION=1 skips it).
-    None when unknown: skipped, or no step of the calibration held (a busy machine); such a
-    result is not cached, so the next run measures again."""
+@dataclass(frozen=True)
+class Ceiling:
+    """The generator's calibrated ceiling for a plan's reply length (None: unknown; no rate held
+    the send-lag bound), and how it was had: ``age_s`` since it was measured (0: just now),
+    ``why`` it was measured now (empty: the cached one was used)."""
+
+    rate: float | None
+    age_s: float
+    why: str = ""
+
+    def note(self) -> str:
+        """The progress line that says it (with its age, and how to measure again)."""
+        when = f"measured now: {self.why}" if self.why else \
+            f"calibrated {_ago(self.age_s)} ago on this machine; ORCH_RECALIBRATE=1 measures again"
+        if self.rate is not None:
+            return f"load generator ceiling: {self.rate:.0f} req/s per process (p99 send lag < 1 ms; {when})"
+        return ("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); no ceiling "
+                f"enforced, the generator-lag guard still judges every point ({when})")
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def _load_per_cpu() -> float:
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def calibrated(plan: Plan, root: Path, refresh: bool = False) -> Ceiling | None:
+    """The generator's ceiling for this plan's reply length (None: ORCH_SKIP_CALIBRATION=1),
+    measured against a null server and cached per machine (its cores), version and reply
+    shape: a ceiling for a day, "no rate held" for an hour (a busy machine is not measured
+    again on every run). A cached one is measured again when the machine is busier now than
+    when it was measured (its 1-minute load per core higher by LOAD_SLACK), or on
+    ORCH_RECALIBRATE=1."""
     if os.environ.get("ORCH_SKIP_CALIBRATION") == "1":
         return None
-    out = plan.workload.output_tokens
     path = _calibration_path(plan, root)
+    refresh = refresh or os.environ.get("ORCH_RECALIBRATE") == "1"
+    why = "ORCH_RECALIBRATE=1" if refresh else "none cached"
     if not refresh and path.exists():
         try:
             doc = json.loads(path.read_text())
-            if time.time() - doc["at"] < CALIBRATION_MAX_AGE_S and float(doc["ceiling_rate"]) > 0:
-                return float(doc["ceiling_rate"])
-        except (ValueError, KeyError):
-            pass
+            age = time.time() - float(doc["at"])
+            rate = float(doc["ceiling_rate"])
+            limit = CALIBRATION_MAX_AGE_S if rate > 0 else NO_CEILING_MAX_AGE_S
+            then, now = float(doc.get("load_per_cpu", 0.0)), _load_per_cpu()
+            if rate > 0 and doc.get("version") != __version__:
+                why = "measured by another version"
+            elif age >= limit:
+                why = f"the cached one is {_ago(age)} old"
+            elif now > then + LOAD_SLACK:
+                why = f"this machine is busier than when it was measured (load per core {now:.2f}, was {then:.2f})"
+            else:
+                return Ceiling(rate if rate > 0 else None, age)
+        except (ValueError, KeyError, TypeError):
+            why = "the cached one is unreadable"
     from orchestrator.loadgen.calibrate import calibrate
 
-    cal = calibrate(output_tokens=out, api=plan.workload.api, step_s=2.0, min_requests=100,
-                    bisections=2)
-    if cal.ceiling_rate > 0:
-        path.write_text(json.dumps({"at": time.time(), **cal.to_dict()}, default=str))
-    return cal.ceiling_rate or None
+    load = _load_per_cpu()
+    cal = calibrate(output_tokens=plan.workload.output_tokens, api=plan.workload.api, step_s=2.0,
+                    min_requests=100, bisections=2)
+    path.write_text(json.dumps({"at": time.time(), "version": __version__, "load_per_cpu": load, **cal.to_dict()},
+                               default=str))
+    return Ceiling(cal.ceiling_rate or None, 0.0, why)
+
+
+def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:
+    """Requests/s one generator process sustains with p99 send lag < 1 ms for this reply length
+    (None: unknown or skipped); see ``calibrated``."""
+    found = calibrated(plan, root, refresh)
+    return None if found is None else found.rate
 
 
 def calibration_record(plan: Plan, root: Path) -> dict[str, Any] | None:
@@ -168,27 +223,28 @@ def build_executor(
     backend_obj: Backend | None = None,
     session: str | None = None,
     take_over: bool = False,
+    shards: int | None = None,
 ) -> Executor:
     """The one wiring of backend, generator ceiling and priors, for `orch run` in the
-    foreground and for the Ray controller's experiment task."""
+    foreground and for the Ray controller's experiment task. ``shards``: the most load-generator
+    processes a point may use (`orch run --shards`; default ORCH_LOADGEN_MAX_SHARDS, else one
+    per core up to 8)."""
     chosen = choose_backend(plan, backend)
     be = backend_obj or make_backend(chosen, root)
     # A virtual point is never sent late, and a cluster's own generator pod is not this machine:
     # only a generator of this process is calibrated.
-    ceiling = generator_ceiling(plan, root) if be.sends_load_here(plan) else None
+    found = calibrated(plan, root) if be.sends_load_here(plan) else None
+    ceiling = None if found is None else found.rate
     if be.name == "virtual":
         progress.note("virtual time: the simulated engine on its own clock (no servers, no load generator)")
     elif not be.sends_load_here(plan):
         progress.note("load generated in the cluster (a load-generator pod next to each run's router); "
                       "this machine keeps control")
-    elif ceiling is not None:
-        progress.note(f"load generator ceiling: {ceiling:.0f} req/s per process (p99 send lag < 1 ms)")
-    elif os.environ.get("ORCH_SKIP_CALIBRATION") != "1":
-        progress.note("load generator: no rate held p99 send lag < 1 ms on this machine (busy CPU?); "
-                      "no ceiling enforced, the generator-lag guard still judges every point")
+    elif found is not None:
+        progress.note(found.note())
     priors = simulator_priors(plan) if plan.search.use_prior and be.name in PRIOR_BACKENDS else {}
     config = ExecutorConfig(state_dir=root, max_blocks=blocks, generator_ceiling=ceiling, priors=priors,
-                            max_shards=max_shards(),
+                            max_shards=shards if shards is not None else max_shards(),
                             calibration=calibration_record(plan, root) if ceiling is not None else None)
     return Executor(store, be, config, progress, session=session, take_over=take_over)
 
@@ -203,12 +259,13 @@ def run_plan(
     progress: ProgressSink | None = None,
     backend_obj: Backend | None = None,
     take_over: bool = False,
+    shards: int | None = None,
 ) -> ExperimentOutcome:
     """Run (or resume) a plan to its verdicts in this process."""
     progress = progress or progress_for_terminal()
     try:
         executor = build_executor(plan, store, backend, state_dir(), progress, blocks, backend_obj,
-                                  take_over=take_over)
+                                  take_over=take_over, shards=shards)
         return executor.run(plan, new=new, name=name)
     finally:
         progress.close()

@@ -60,7 +60,8 @@ def test_a_failed_first_step_sends_the_ladder_down(monkeypatch: pytest.MonkeyPat
     assert min(calls) < 25.0
 
 
-def test_no_step_holding_gives_zero_and_is_not_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_no_step_holding_gives_zero_read_as_unknown_and_cached_for_an_hour(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _fake_generator(monkeypatch, lambda r: 0.01)
     assert _run(start_rate=25.0).ceiling_rate == 0.0
 
@@ -69,10 +70,55 @@ def test_no_step_holding_gives_zero_and_is_not_cached(monkeypatch: pytest.Monkey
 
     plan = load_plan_file(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
     monkeypatch.delenv("ORCH_SKIP_CALIBRATION", raising=False)
+    monkeypatch.delenv("ORCH_RECALIBRATE", raising=False)
+    monkeypatch.setattr(session, "_load_per_cpu", lambda: 0.1)
     assert session.generator_ceiling(plan, tmp_path) is None  # unknown, not "0 req/s"
-    assert not list(tmp_path.glob("calibration-*.json"))
+    # Issue 32: a busy machine is not measured again on every run: "no rate held" is kept an hour.
+    (cached,) = tmp_path.glob("calibration-*.json")
+    calls = _fake_generator(monkeypatch, lambda r: 0.0001)  # would hold now: but not asked
+    again = session.calibrated(plan, tmp_path)
+    assert again is not None and again.rate is None and again.age_s >= 0 and not calls
+    assert "ORCH_RECALIBRATE=1 measures again" in again.note()
+    doc = json.loads(cached.read_text())
+    cached.write_text(json.dumps({**doc, "at": time.time() - 2 * session.NO_CEILING_MAX_AGE_S}))
+    fresh = session.calibrated(plan, tmp_path)
+    assert fresh is not None and fresh.rate is not None and fresh.age_s == 0 and "old" in fresh.why and calls
+    cached.unlink()
     # an older version's cached 0 is read as unknown too (it would refuse every point)
     stale = tmp_path / f"calibration-{session.__version__}-{session.os.cpu_count()}-" \
                        f"{plan.workload.output_tokens}-{plan.workload.api}.json"
     stale.write_text(json.dumps({"at": time.time(), "ceiling_rate": 0.0}))
     assert session.generator_ceiling(plan, tmp_path) is None
+
+
+def test_a_cached_ceiling_is_reused_with_its_age_unless_the_machine_got_busier(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 32: the ceiling is measured once per machine and version (a day), shown with its
+    age, and measured again when the machine is busier than when it was measured, or on
+    ORCH_RECALIBRATE=1."""
+    from orchestrator.control import session
+    from orchestrator.plan import load_plan_file
+
+    plan = load_plan_file(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+    monkeypatch.delenv("ORCH_SKIP_CALIBRATION", raising=False)
+    monkeypatch.delenv("ORCH_RECALIBRATE", raising=False)
+    load = {"now": 0.2}
+    monkeypatch.setattr(session, "_load_per_cpu", lambda: load["now"])
+    calls = _fake_generator(monkeypatch, lambda r: 0.0002 if r <= 40 else 0.01)
+    first = session.calibrated(plan, tmp_path)
+    assert first is not None and first.rate is not None and first.age_s == 0 and first.why == "none cached"
+    n = len(calls)
+    (cached,) = tmp_path.glob("calibration-*.json")
+    doc = json.loads(cached.read_text())
+    cached.write_text(json.dumps({**doc, "at": time.time() - 3 * 3600}))
+    second = session.calibrated(plan, tmp_path)
+    assert second is not None and second.rate == first.rate and len(calls) == n  # reused, not measured
+    assert 2.9 * 3600 < second.age_s < 3.1 * 3600 and "calibrated 3.0 h ago" in second.note()
+    load["now"] = 0.2 + session.LOAD_SLACK + 0.1
+    third = session.calibrated(plan, tmp_path)
+    assert third is not None and third.age_s == 0 and "busier" in third.why and len(calls) > n
+    load["now"] = 0.2
+    n = len(calls)
+    monkeypatch.setenv("ORCH_RECALIBRATE", "1")
+    fourth = session.calibrated(plan, tmp_path)
+    assert fourth is not None and fourth.why == "ORCH_RECALIBRATE=1" and len(calls) > n

@@ -25,3 +25,20 @@ def test_the_search_ceiling_is_one_process_times_the_shards(tmp_path: Path) -> N
     sessions = small_plan(workload={**plan.workload.model_dump(), "sessions": {"think": {"mean_s": 1}}})
     assert isinstance(sessions.workload, Workload) and ex._ceiling(sessions) == 1.5  # sessions: one process
     assert Executor(None, None, ExecutorConfig(state_dir=tmp_path))._ceiling(plan) is None  # type: ignore[arg-type]
+
+
+def test_shards_are_chosen_on_the_command_line(tmp_path: Path, monkeypatch, store) -> None:  # type: ignore[no-untyped-def]
+    """Issue 32: `orch run --shards N` bounds the generator processes a point may use (1: one
+    process, Ray never starts); without it ORCH_LOADGEN_MAX_SHARDS, else one per core."""
+    from orchestrator.cli.main import main
+    from orchestrator.control.progress import PlainProgress
+    from orchestrator.control.session import build_executor, max_shards
+    from tests.e2e.helpers import small_plan
+
+    monkeypatch.setenv("ORCH_SKIP_CALIBRATION", "1")
+    plan = small_plan()
+    assert build_executor(plan, store, "virtual", tmp_path, PlainProgress(), shards=1).config.max_shards == 1
+    assert build_executor(plan, store, "virtual", tmp_path, PlainProgress()).config.max_shards == max_shards()
+    monkeypatch.setenv("ORCH_LOADGEN_MAX_SHARDS", "3")
+    assert build_executor(plan, store, "virtual", tmp_path, PlainProgress(), shards=2).config.max_shards == 2
+    assert main(["run", str(tmp_path / "none.yaml"), "--shards", "0"]) == 1  # out of range: the input is wrong
