@@ -363,19 +363,39 @@ def _failed_reason(status: str, runs: list[Any]) -> str | None:
     return max(failed, key=lambda r: r.id).invalid_reason if failed else None
 
 
-def _watch(experiment: str, interval: float) -> None:
+# How long `status --watch` waits for an experiment that does not exist yet: `orch run` creates
+# it after the plan's dry run and power check, and `orch submit`'s once its GPUs are free.
+WATCH_APPEAR_S = 600.0
+
+
+def _watch(experiment: str, interval: float, appear_s: float | None = None) -> None:
     """Poll the store: a line whenever the progress changes (rewritten in place on a terminal),
-    until the experiment is no longer queued or running; the final status line follows."""
+    until the experiment is no longer queued or running; the final status line follows. An
+    experiment not created yet (its `orch run` still in the dry run) is waited for, up to
+    ``appear_s``."""
     import time
 
     from orchestrator.control.progress import stored_progress
-    from orchestrator.store import Store
+    from orchestrator.store import NotFound, Store
 
     tty = sys.stdout.isatty()
     shown = None
+    appear_s = WATCH_APPEAR_S if appear_s is None else appear_s
     with Store.open() as store:
+        deadline = time.monotonic() + appear_s
+        waited = False
         while True:
-            p = stored_progress(store, experiment)
+            try:
+                p = stored_progress(store, experiment)
+            except NotFound:
+                if time.monotonic() >= deadline:
+                    raise UserError(f"no experiment {experiment!r} appeared within {appear_s:.0f}s "
+                                    "(`orch status` lists them)") from None
+                if not waited:
+                    say(f"waiting for experiment {experiment} to start (its run may still be in the dry run)")
+                    waited = True
+                time.sleep(interval)
+                continue
             if not p.running:
                 break
             if tty:

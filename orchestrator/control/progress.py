@@ -107,7 +107,7 @@ class PlainProgress:
         """The runs planned (``done_runs`` of them already done), for an ETA; no line."""
 
     def run_started(self, block: int, arm: str, attempt: int) -> None:
-        self._say(f"block {block} arm {arm}" + (f" (attempt {attempt + 1})" if attempt else "") + ": deploying")
+        self._say(f"block {block} arm {arm}" + (f" (attempt {attempt})" if attempt else "") + ": deploying")
 
     def point_started(self, label: str, seconds: float) -> None:
         self._say(f"  point {label} ({seconds:.0f}s)")
@@ -135,7 +135,7 @@ class PlainProgress:
 class RichProgress(PlainProgress):
     """A live display on stderr (up to three lines), event lines printed above it:
 
-    ``runs 3/8 done, ETA 42m10s | block 2 arm B (attempt 2), 7m12s in this run``
+    ``runs 3/8 done, ETA 42m10s | block 2 arm B (attempt 1), 7m12s in this run`` (the attempt as stored: the summary says the same)
     ``point 1.5 req/s: 63/155s [#####.....] | last: 1.2 req/s: attainment interactive 0.95``
     ``window so far: 412/900 ended | attainment interactive 0.97`` (as the point's requests end)
 
@@ -218,7 +218,7 @@ class RichProgress(PlainProgress):
         head = f"runs {est.done_runs}/{est.total_runs} done, ETA {format_duration(est.remaining_s)}"
         if current is not None:
             block, arm, attempt = current
-            head += (f" | block {block} arm {arm}" + (f" (attempt {attempt + 1})" if attempt else "")
+            head += (f" | block {block} arm {arm}" + (f" (attempt {attempt})" if attempt else "")
                      + f", {format_duration(now - self.run_t0)} in this run")
         out = [head]
         if point is not None:
@@ -296,7 +296,7 @@ def stored_progress(store: Any, key: int | str, now: datetime | None = None) -> 
         r = running[-1]
         elapsed = max(0.0, (now - _aware(r.started_at)).total_seconds())
         pts = store.points(r.id)
-        current = (f"block {r.block} arm {r.arm}" + (f" (attempt {r.attempt + 1})" if r.attempt else "")
+        current = (f"block {r.block} arm {r.arm}" + (f" (attempt {r.attempt})" if r.attempt else "")
                    + f": {len(pts)} point(s)")
         rows = [row.to_dict() for _, row in pts.iterrows()]
         measured = [(row, att) for row in rows if (att := _attainment(row))]

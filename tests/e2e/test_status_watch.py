@@ -76,14 +76,42 @@ def test_watch_of_an_experiment_already_ended_prints_its_status(sqlite_url: str,
     assert capsys.readouterr().out.splitlines()[0].startswith(f"watched (id {exp}): cancelled, 1/")
 
 
-def test_watch_of_an_unknown_experiment_is_one_line_and_exit_1(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_watch_of_an_unknown_experiment_waits_then_is_one_line_and_exit_1(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import run_cmd
+
     monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
     monkeypatch.delenv("ORCH_DEBUG", raising=False)
+    monkeypatch.setattr(run_cmd, "WATCH_APPEAR_S", 0.3)
     assert main(["status", "--watch", "nope", "--interval", "0.1"]) == 1
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.strip().splitlines() == ["no experiment 'nope' (`orch status` lists them)"]
+    assert captured.out.splitlines() == ["waiting for experiment nope to start (its run may still be in the dry run)"]
+    assert captured.err.strip().splitlines() == ["no experiment 'nope' appeared within 0s (`orch status` lists them)"]
+
+
+def test_watch_waits_for_an_experiment_still_in_its_dry_run(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: `orch status --watch NAME` started beside `orch run`, before the run has made
+    its experiment (the dry run comes first), follows it once it appears."""
+    monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
+
+    def appear() -> None:
+        time.sleep(0.5)
+        exp = _running_experiment(sqlite_url)
+        time.sleep(0.5)
+        with Store.open(sqlite_url) as st:
+            st.set_experiment_status(exp, "done")
+
+    t = threading.Thread(target=appear)
+    t.start()
+    try:
+        code = main(["status", "--watch", "watched", "--interval", "0.1"])
+    finally:
+        t.join()
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0, lines
+    assert lines[0].startswith("waiting for experiment watched to start"), lines
+    assert any(ln.startswith("watched (id ") and ": done, 1/" in ln for ln in lines), lines
 
 
 def test_watch_as_a_process(sqlite_url: str) -> None:

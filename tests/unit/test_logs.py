@@ -121,7 +121,7 @@ def test_progress_lines_are_info_records_printed_as_before(
     with caplog.at_level(logging.INFO, logger=logs.ROOT):
         _in_own_context(body)
     assert capsys.readouterr().err.splitlines() == [
-        "block 1 arm B (attempt 2): deploying", "  point 2 req/s (6s)",
+        "block 1 arm B (attempt 1): deploying", "  point 2 req/s (6s)",
         "    2 req/s: attainment standard 0.99", "  block 1 arm B: valid",
     ]
     assert {(r.name, r.levelno, *_context(r)) for r in caplog.records} == {

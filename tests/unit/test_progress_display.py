@@ -31,12 +31,12 @@ def test_display_lines_follow_runs_points_and_eta() -> None:
         p.run_started(1, "B", 1)
         clock.t = 50
         # 2 waiting x 360 + (360 - 50) = 1030 s
-        assert p.lines() == ["runs 1/4 done, ETA 17m10s | block 1 arm B (attempt 2), 50s in this run",
+        assert p.lines() == ["runs 1/4 done, ETA 17m10s | block 1 arm B (attempt 1), 50s in this run",
                              "deploying"]
         p.point_started("2 req/s", 100)
         clock.t = 80
         # 720 + max(360 - 80, 100 - 30) = 1000 s
-        assert p.lines() == ["runs 1/4 done, ETA 16m40s | block 1 arm B (attempt 2), 1m20s in this run",
+        assert p.lines() == ["runs 1/4 done, ETA 16m40s | block 1 arm B (attempt 1), 1m20s in this run",
                              "point 2 req/s: 30/100s [######..............]"]
         p.point_done("2 req/s: attainment interactive 0.95")
         p.point_started("3 req/s", 100)
@@ -53,7 +53,7 @@ def test_display_lines_follow_runs_points_and_eta() -> None:
         assert p.estimate().per_run_s == 400  # an invalid run's duration does not count
         p.run_started(2, "A", 1)
         # a retry: its (block, arm) is not done
-        assert p.lines()[0] == "runs 2/4 done, ETA 13m20s | block 2 arm A (attempt 2), 0s in this run"
+        assert p.lines()[0] == "runs 2/4 done, ETA 13m20s | block 2 arm A (attempt 1), 0s in this run"
     finally:
         p.close()
 
