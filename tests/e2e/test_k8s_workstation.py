@@ -94,12 +94,14 @@ def test_a_workstation_run_sends_its_load_from_the_cluster_under_the_workstation
 
         # Measured traffic went pod to Service: the kube-proxy relayed connections for the
         # points (from the generator pods: it refuses any other process, and refused none); the
-        # router's own port-forward carried only control (readiness), a handful of streams per
-        # run, while each point opened one stream to its generator.
+        # router's own port-forward carried only control (readiness), while each point opened
+        # one stream to its generator.
         assert cluster.proxy.relayed - relayed_before >= points
         assert cluster.proxy.refused_outside == 0
         assert _streams(cluster, "loadgen") >= points
-        assert _streams(cluster, "router") <= 4 * len(runs), _streams(cluster, "router")
+        # (a generator sending through the router's port-forward opens a stream per connection:
+        # up to 32 warm ones per point; readiness takes one or two a run)
+        assert _streams(cluster, "router") <= 8 * len(runs), _streams(cluster, "router")
 
         # Under the workstation Role nothing the backend asked was refused.
         refused = [a for a in cluster.apiserver.audit if a[0] == USER and not a[4]]
