@@ -192,8 +192,12 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan) -> list[B
     out = []
     for bar, j, v, ev in zip(plan.bars, judgements, values, evidence, strict=True):
         balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v], _den_num(bar))
-        if plan.design.order == "ABBA" and not balance.balanced and v:
-            j = replace(j, note=f"{j.note}; {balance.warning}" if j.note else balance.warning)
+        if not balance.balanced and v:  # ABBA with a dropped block, or a randomized draw: the drift left
+            note = balance.warning if plan.design.order == "ABBA" else (
+                f"randomized order: {balance.a_first} of {balance.a_first + balance.b_first} blocks used ran "
+                f"{_den_num(bar)[0]} first; a linear drift of d per run shifts the estimate's log by "
+                f"{balance.drift_weight:+.3g} d (not cancelled)")
+            j = replace(j, note=f"{j.note}; {note}" if j.note else note)
         censored = {r.block: r.reason().removeprefix(f"block {r.block}: ")
                     for r in ev.log_ratios if isinstance(r, BlockRatio) and not r.is_point}
         out.append(BarOutcome(bar, j, sorted(v), v, dropped_blocks(store, experiment_id, plan, bar, runs, v),

@@ -107,7 +107,12 @@ def test_design_warnings_name_the_blocks_a_balanced_order_needs() -> None:
     assert design_warnings(Design(blocks=4), "ABCD") == []
     (w,) = design_warnings(Design(blocks=4), "ABC")
     assert w.startswith("design.blocks: 4 blocks") and "multiple of 6 blocks" in w
-    assert design_warnings(Design(blocks=4, order="randomized"), "ABC") == []
+    # randomized: the draw's own balance, pair by pair against A (issue 31; test_control_design)
+    drawn = [o for _, o in block_order(Design(blocks=4, order="randomized"), "ABC")]
+    shifts = {x: sum(o.index(x) - o.index("A") for o in drawn) for x in "BC"}
+    warned = design_warnings(Design(blocks=4, order="randomized"), "ABC")
+    for x in "BC":
+        assert sum(f"ln({x}/A)" in w for w in warned) == (1 if shifts[x] else 0), (x, shifts, warned)
     assert design_warnings(Design(blocks=3)) and not design_warnings(Design(blocks=4))  # two arms: as before
 
 
