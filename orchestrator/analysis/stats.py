@@ -470,6 +470,10 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
     alphas = [1.0 - b.confidence for b in bars]
     acc_level, acc_reached = _holm_levels([j.p_value for j in plain], alphas)
     rej_level, rej_reached = _holm_levels([j.p_reject for j in plain], alphas)
+    # One family, one promise: a true-null bar of rank k is tested at alpha_i / (m - k) <= alpha_i / m0,
+    # so a false ACCEPT (or REJECT) of any is at most the mean alpha of the true nulls, at most the
+    # largest: the family's level is the lowest confidence among its bars, the same in every label.
+    family = min(b.confidence for b in bars)
     acc_rank = {int(i): k + 1 for k, i in enumerate(np.argsort([j.p_value for j in plain], kind="stable"))}
     rej_rank = {int(i): k + 1 for k, i in enumerate(np.argsort([j.p_reject for j in plain], kind="stable"))}
     out = []
@@ -484,7 +488,7 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
         elif j.verdict == "REJECT" and not rej_reached[i]:
             j = _replace(j, verdict="INCONCLUSIVE")
             notes.append("Holm: a bar ranked before it was not rejected")
-        holm = (f"Holm-adjusted over {m} bars at family level {_pct(b.confidence)}: ACCEPT tested at "
+        holm = (f"Holm-adjusted over {m} bars at family level {_pct(family)}: ACCEPT tested at "
                 f"{_pct(1.0 - acc_level[i])} (rank {acc_rank[i]} of {m}), REJECT at "
                 f"{_pct(1.0 - rej_level[i])} (rank {rej_rank[i]} of {m})")
         notes.append(holm)

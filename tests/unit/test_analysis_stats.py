@@ -7,6 +7,7 @@ skewed block noise, Holm for ACCEPT and REJECT, the search in the loop) is in
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -247,6 +248,19 @@ def test_labels_say_what_the_interval_is() -> None:
     j2 = judge_bars([BarEvidence([0.2, 0.25, 0.22, 0.24], 1.15, 0.95), BarEvidence([0.0, 0.1, 0.05, 0.02], 1.5, 0.95)])
     assert "lower end a one-sided 97.5% bound" in j2[0].label
     assert "Holm-adjusted over 2 bars at family level 95%" in j2[0].label
+
+
+def test_bars_of_different_confidences_state_one_family_level() -> None:
+    """Issue 31: a family's promise is its weakest bar's (a true-null bar of rank k is tested at
+    alpha_i / (m - k) <= alpha_i / m0, so any false ACCEPT is at most the largest alpha likely):
+    every label says that one level, not each bar its own."""
+    out = judge_bars([BarEvidence([0.2, 0.25, 0.22, 0.24], 1.15, 0.95),
+                      BarEvidence([0.0, 0.1, 0.05, 0.02], 1.5, 0.9),
+                      BarEvidence([0.1, 0.12, 0.08, 0.11], 1.05, 0.99)])
+    levels = {re.search(r"at family level (\d+)%", j.label).group(1) for j in out}  # type: ignore[union-attr]
+    assert levels == {"90"}, [j.label for j in out]
+    # ... and each bar is still tested at its own alpha over its rank (0.99's bar stricter)
+    assert "family level 90%" in out[2].note and out[2].lower_level > out[1].lower_level
 
 
 # --- power ----------------------------------------------------------------------------------
