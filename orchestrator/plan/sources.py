@@ -153,13 +153,18 @@ def _lines(path: str | Path) -> list[dict]:
                 doc = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataFileError(f"{path} line {n}: not JSON ({e.msg})") from None
-            if not isinstance(doc, dict):
-                raise DataFileError(f"{path} line {n}: expected a JSON object")
-            doc["__line"], doc["__at"] = n, f"line {n}"
-            out.append(doc)
+            out.append(_record(path, doc, n, f"line {n}"))
     if not out:
         raise DataFileError(f"{path}: no records")
     return out
+
+
+def _record(path: str | Path, doc: object, n: int, at: str) -> dict:
+    """A record of the file (a JSON object), marked with where it is (``at``: for messages)."""
+    if not isinstance(doc, dict):
+        raise DataFileError(f"{path} {at}: expected a JSON object")
+    doc["__line"], doc["__at"] = n, at
+    return doc
 
 
 def _array(path: str | Path, text: str) -> list[dict]:
@@ -182,10 +187,7 @@ def _array(path: str | Path, text: str) -> list[dict]:
             doc, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError as e:
             raise DataFileError(f"{path} element {n}: not JSON ({e.msg}, line {e.lineno})") from None
-        if not isinstance(doc, dict):
-            raise DataFileError(f"{path} element {n}: expected a JSON object")
-        doc["__line"], doc["__at"] = n, f"element {n}"
-        out.append(doc)
+        out.append(_record(path, doc, n, f"element {n}"))
     if text[i + 1:].strip():
         raise DataFileError(f"{path}: text after the JSON array")
     if not out:

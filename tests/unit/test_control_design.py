@@ -3,6 +3,8 @@ within a block, fresh prompts for a re-measure or a retried run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from orchestrator.control.design import block_order, design_warnings, point_seed
 from orchestrator.plan import Design
 
@@ -48,7 +50,7 @@ def test_a_randomized_draw_that_leaves_drift_is_warned_with_its_weight() -> None
     assert seen[True] and seen[False]  # both kinds of draw occur over these seeds
 
 
-def test_the_verdict_notes_the_drift_a_randomized_draw_leaves(tmp_path, no_sockets) -> None:  # type: ignore[no-untyped-def]
+def test_the_verdict_notes_the_drift_a_randomized_draw_leaves(tmp_path: Path, no_sockets: None) -> None:
     """Issue 31: the verdict of a plan whose randomized draw is unbalanced (seed 1: A first in
     3 of 4 blocks) says so with the drift weight; a balanced draw (seed 2) says nothing of it.
     The executor, store and verdicts are real; the engine's records come in virtual time."""

@@ -7,6 +7,7 @@ and a block whose placement for an arm differs from the first counted block is n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from orchestrator.analysis.guards import pd_placement_of, placement_consistency
 from orchestrator.backends.base import RunKey
 from orchestrator.backends.kubernetes import naming
 from orchestrator.backends.kubernetes.render import render_arm
-from orchestrator.plan import load_plan_file, plan_hash, validate_plan
+from orchestrator.plan import Plan, load_plan_file, plan_hash, validate_plan
 from tests.unit.test_k8s_render import assert_valid_k8s
 
 pytestmark = pytest.mark.unit
@@ -37,7 +38,7 @@ def test_a_block_is_compared_only_under_the_placement_of_the_first_counted_block
     assert "cross-node here, same-node in block 0" in g.detail and "kubernetes.placement" in g.detail
 
 
-def _plan(placement: str | None):  # type: ignore[no-untyped-def]
+def _plan(placement: str | None) -> Plan:
     plan = load_plan_file(DISAGG)
     if placement is None:
         return plan
@@ -46,7 +47,7 @@ def _plan(placement: str | None):  # type: ignore[no-untyped-def]
     return validate_plan(doc)
 
 
-def _affinity(plan, role: str) -> dict:  # type: ignore[no-untyped-def]
+def _affinity(plan: Plan, role: str) -> dict[str, Any]:
     objs = render_arm(plan, "B", RunKey(plan.name, "B", 0))
     (dep,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"][naming.ROLE_LABEL] == role]
     for o in objs:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestrator.control.executor import Executor, ExecutorConfig
 from orchestrator.loadgen.schedules import shards_needed
 from orchestrator.plan import Workload
+from orchestrator.store import Store
 
 
 def test_one_process_while_it_holds_the_rate_then_enough_shards() -> None:
@@ -27,7 +30,7 @@ def test_the_search_ceiling_is_one_process_times_the_shards(tmp_path: Path) -> N
     assert Executor(None, None, ExecutorConfig(state_dir=tmp_path))._ceiling(plan) is None  # type: ignore[arg-type]
 
 
-def test_shards_are_chosen_on_the_command_line(tmp_path: Path, monkeypatch, store) -> None:  # type: ignore[no-untyped-def]
+def test_shards_are_chosen_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: Store) -> None:
     """Issue 32: `orch run --shards N` bounds the generator processes a point may use (1: one
     process, Ray never starts); without it ORCH_LOADGEN_MAX_SHARDS, else one per core."""
     from orchestrator.cli.main import main
