@@ -28,11 +28,9 @@ from scipy import special
 
 from orchestrator.analysis.balance import abba_orders, order_balance
 from orchestrator.analysis.blocks import BlockRatio, CapacityValue
+from orchestrator.analysis.critical import CONTAMINATED_SHARE, CONTAMINATED_SHIFT, EXP_TAIL_WIDTH
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import (
-    CONTAMINATED_SHARE,
-    CONTAMINATED_SHIFT,
-    EXP_TAIL_WIDTH,
     ROBUST,
     SD_FLOOR,
     STUDENT_T,

@@ -53,41 +53,34 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from functools import lru_cache
 from itertools import product
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from scipy import special
-from scipy import stats as sps
 
 from orchestrator.analysis.blocks import BlockRatio
+from orchestrator.analysis.critical import (
+    MEDIAN,
+    NOISE_FAMILY,
+    ROBUST,
+    STUDENT_T,
+    Method,
+    critical_value,
+    describe,
+    location_scale,
+    t_quantile,
+    tail_probability,
+)
 from orchestrator.outcomes import Verdict
 from orchestrator.plan.experiment import DIRECTIONS, Direction
 
-Method = Literal["robust", "student_t"]
-ROBUST: Method = "robust"
-STUDENT_T: Method = "student_t"
+__all__ = [
+    "MEDIAN", "NOISE_FAMILY", "ROBUST", "SD_FLOOR", "STUDENT_T", "BarEvidence", "Judgement", "Method", "check_bar",
+    "critical_value", "judge", "judge_bars", "judge_many", "log_ratios", "t_quantile", "tail_probability",
+]
 
 # Measurement resolution: the per-block sd of ln(B/A) is never taken below this (ln units).
 SD_FLOOR = 0.01
-
-# The registered family of block-noise shapes the robust critical value covers.
-CONTAMINATED_SHARE = 0.15  # share of bad blocks
-CONTAMINATED_SHIFT = 5.5  # how far a bad block falls, in sds of the clean blocks
-EXP_TAIL_WIDTH = 7.0  # exponential loss's scale, in sds of the symmetric noise
-NOISE_FAMILY: tuple[str, ...] = (
-    "normal",
-    "student_t3",
-    f"contaminated ({CONTAMINATED_SHARE:.0%} of blocks {CONTAMINATED_SHIFT:g} clean sds low)",
-    f"exponential tail (normal + exponential loss {EXP_TAIL_WIDTH:g}x as wide)",
-)
-# Monte Carlo of the studentised mean under the family: draws per block count, the largest block
-# count simulated (beyond it the excess over Student t shrinks as 1/sqrt(n), the leading
-# Edgeworth term), and the seed (a verdict is a fixed function of the data).
-_MC_DRAWS = 1 << 17
-_MC_MAX_N = 40
-_MC_SEED = 20_260_517
 # Interval-valued blocks are judged at every corner of their box; beyond this many, the bar is
 # INCONCLUSIVE (2^k corners).
 MAX_INTERVAL_BLOCKS = 12
@@ -122,11 +115,12 @@ class Judgement:
     p_reject: float = 1.0
     lower_level: float = math.nan
     upper_level: float = math.nan
-    method: str = ROBUST
+    method: str = MEDIAN
     sd_used: float = math.nan
     censored: tuple[str, ...] = ()
     label: str = ""
     sd_floor: float = SD_FLOOR
+    resolution: float = 0.0  # ln units added to each end (the search's precision)
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict (JSON-ready: inf and nan become None, tuples lists)."""
@@ -141,12 +135,6 @@ class Judgement:
         return out
 
 
-@lru_cache(maxsize=4096)
-def t_quantile(confidence: float, df: int) -> float:
-    """One-sided Student t quantile (cached: calibration runs call it thousands of times)."""
-    return float(sps.t.ppf(confidence, df))
-
-
 def check_bar(threshold: float, confidence: float, direction: str) -> None:
     if not (threshold > 0 and math.isfinite(threshold)):
         raise ValueError(f"threshold must be a finite ratio > 0 (got {threshold})")
@@ -154,78 +142,6 @@ def check_bar(threshold: float, confidence: float, direction: str) -> None:
         raise ValueError(f"confidence must be in (0, 1) (got {confidence})")
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)} (got {direction!r})")
-
-
-# --- the critical value ----------------------------------------------------------------------
-
-
-def _studentised(x: np.ndarray) -> np.ndarray:
-    n = x.shape[1]
-    return x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n))
-
-
-@lru_cache(maxsize=48)
-def _null_t(n: int) -> tuple[np.ndarray, ...]:
-    """Sorted studentised means of ``_MC_DRAWS`` samples of ``n`` blocks under each simulated
-    shape of the family (left-skewed: their upper tail is the heavy one). Normal is exact
-    (Student t) and t(3) is never the worst (a symmetric heavy tail makes the t bound
-    conservative), so neither is simulated."""
-    rng = np.random.default_rng([_MC_SEED, n])
-    cont, tail = [], []
-    chunk = max(1, (1 << 21) // n)
-    for start in range(0, _MC_DRAWS, chunk):
-        m = min(chunk, _MC_DRAWS - start)
-        z = rng.standard_normal((m, n))
-        bad = rng.random((m, n)) < CONTAMINATED_SHARE
-        cont.append(_studentised(z - CONTAMINATED_SHIFT * (bad - CONTAMINATED_SHARE)))
-        z = rng.standard_normal((m, n))
-        tail.append(_studentised(z - EXP_TAIL_WIDTH * (rng.standard_exponential((m, n)) - 1.0)))
-    return tuple(np.sort(np.concatenate(x)) for x in (cont, tail))
-
-
-def _mc_quantile(n: int, confidence: float) -> float:
-    k = min(_MC_DRAWS - 1, max(0, math.ceil(confidence * _MC_DRAWS) - 1))
-    return max(float(arr[k]) for arr in _null_t(n))
-
-
-@lru_cache(maxsize=4096)
-def critical_value(n: int, confidence: float, method: Method = ROBUST) -> float:
-    """The one-sided critical value of the studentised mean of ``n`` blocks at ``confidence``:
-    Student t's for ``STUDENT_T``; for ``ROBUST`` the largest over the noise family."""
-    if n < 2:
-        raise ValueError("a critical value needs at least 2 blocks")
-    t = t_quantile(confidence, n - 1)
-    if method == STUDENT_T:
-        return t
-    if method != ROBUST:
-        raise ValueError(f"method must be {ROBUST!r} or {STUDENT_T!r} (got {method!r})")
-    if n <= _MC_MAX_N:
-        return max(t, _mc_quantile(n, confidence))
-    excess = max(_mc_quantile(_MC_MAX_N, confidence) - t_quantile(confidence, _MC_MAX_N - 1), 0.0)
-    return t + excess * math.sqrt(_MC_MAX_N / n)
-
-
-def tail_probability(t: float, n: int, method: Method = ROBUST) -> float:
-    """P(studentised mean >= t) under the worst shape of the method's family: the one-sided
-    p-value of an observed t (accept at level alpha iff it is <= alpha, up to Monte Carlo ties)."""
-    if math.isnan(t):
-        return 1.0
-    p_t = float(special.stdtr(n - 1, -t))  # Student t's survival function (the fast ufunc)
-    if method == STUDENT_T:
-        return p_t
-    if n <= _MC_MAX_N:
-        tails = [(_MC_DRAWS - int(np.searchsorted(arr, t, side="left"))) / _MC_DRAWS for arr in _null_t(n)]
-        return max([p_t, *tails])
-    # Beyond the simulated block counts: invert critical_value (monotone in the confidence).
-    lo, hi = 1e-9, 1.0 - 1e-9
-    if t <= critical_value(n, lo, method):
-        return 1.0
-    if t > critical_value(n, hi, method):
-        return 1e-9
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t > critical_value(n, mid, method) else (lo, mid)
-    return 1.0 - lo
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -250,13 +166,6 @@ def _as_intervals(values: Sequence[float | BlockRatio] | np.ndarray) -> tuple[np
     return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64), why
 
 
-def _summary(x: np.ndarray, sd_floor: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows of block log ratios -> (mean, sd, sd used by the bound)."""
-    mean = x.mean(axis=1)
-    sd = x.std(axis=1, ddof=1)
-    return mean, sd, np.maximum(sd, sd_floor)
-
-
 def judge(
     log_ratios: Sequence[float | BlockRatio] | np.ndarray,
     threshold: float,
@@ -266,13 +175,16 @@ def judge(
     accept_confidence: float | None = None,
     reject_confidence: float | None = None,
     sd_floor: float = SD_FLOOR,
-    method: Method = ROBUST,
+    method: Method = MEDIAN,
     compare: str = "B/A",
+    resolution: float = 0.0,
 ) -> Judgement:
     """Judge a bar from per-block log ratios ln(C_B / C_A) or ``BlockRatio``s (see the module
     doc for the rule). ``accept_confidence``/``reject_confidence`` set the level of each test
     apart (Holm does); both default to ``confidence``. ``compare`` names the ratio in the
-    label (B/A; C/A for a bar of a third arm).
+    label (B/A; C/A for a bar of a third arm). ``resolution`` (ln units) is an error every block
+    may share (a capacity search's precision): it does not average away, so it widens each end
+    of the bound by itself whatever the number of blocks.
 
     A float infinite log ratio (an arm with zero capacity in a block) makes the bound
     meaningless: the verdict is INCONCLUSIVE with a note. NaN is a bug upstream and raises."""
@@ -283,6 +195,8 @@ def judge(
     check_bar(threshold, c_rej, direction)
     if not sd_floor >= 0:
         raise ValueError(f"sd_floor must be >= 0 (got {sd_floor})")
+    if not (resolution >= 0 and math.isfinite(resolution)):
+        raise ValueError(f"resolution must be a finite number >= 0 (got {resolution})")
     lo_r, hi_r, why = _as_intervals(log_ratios)
     n = int(lo_r.size)
     log_t = math.log(threshold)
@@ -294,6 +208,7 @@ def judge(
             verdict, estimate, math.exp(lb), math.exp(ub), n, threshold, confidence, direction, p_acc, sd, note,
             p_reject=p_rej, lower_level=lower_level, upper_level=upper_level, method=method,
             sd_used=max(sd, sd_floor) if math.isfinite(sd) else math.nan, censored=tuple(why), sd_floor=sd_floor,
+            resolution=resolution,
         ), compare=compare)
 
     def inconclusive(estimate: float, note: str) -> Judgement:
@@ -310,7 +225,8 @@ def judge(
         return inconclusive(est, "a block has zero capacity in one arm; its ratio is infinite")
     with np.errstate(invalid="ignore"):
         mid = np.where(points, lo_r, (lo_r + hi_r) / 2)
-    estimate = float(np.exp(mid.mean())) if np.isfinite(mid).all() else math.nan
+    estimate = (float(np.exp(location_scale(mid[None, :], sd_floor, method)[0][0])) if n >= 2 else float(np.exp(mid[0]))) \
+        if np.isfinite(mid).all() else math.nan
     if n < 2:
         # A censored or unconverged block's estimate is its interval's midpoint: say so.
         bound = f"; {len(why)} block(s) censored or unconverged: the estimate is a midpoint" if why else ""
@@ -323,7 +239,6 @@ def judge(
     # lower bound is concave in the block values and the upper convex, so their extremes over
     # the box lie at corners. An infinite end makes both bounds infinite (the spread grows
     # without bound along that edge: with c > 1 either bound runs off; conservative otherwise).
-    sqrt_n = math.sqrt(n)
     if not (np.isfinite(lo_r).all() and np.isfinite(hi_r).all()):
         lb, ub, t_lo, t_hi = -math.inf, math.inf, -math.inf, math.inf
     else:
@@ -332,15 +247,15 @@ def judge(
             for col, side in zip(open_idx, corner, strict=True):
                 if side:
                     rows[k, col] = hi_r[col]
-        mean, _, sd_used = _summary(rows, sd_floor)
+        loc, se, _ = location_scale(rows, sd_floor, method)
         c_lo = critical_value(n, lower_level, method)
         c_hi = critical_value(n, upper_level, method)
-        lb = float(np.min(mean - c_lo * sd_used / sqrt_n))
-        ub = float(np.max(mean + c_hi * sd_used / sqrt_n))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_rows = (mean - log_t) / (sd_used / sqrt_n)  # +-inf with a zero floor and no spread
-        t_rows = np.nan_to_num(t_rows, nan=0.0, posinf=math.inf, neginf=-math.inf)
-        t_lo, t_hi = float(t_rows.min()), float(t_rows.max())
+        lb = float(np.min(loc - c_lo * se)) - resolution
+        ub = float(np.max(loc + c_hi * se)) + resolution
+        with np.errstate(divide="ignore", invalid="ignore"):  # +-inf with a zero floor and no spread
+            t_low = np.nan_to_num((loc - resolution - log_t) / se, nan=0.0, posinf=math.inf, neginf=-math.inf)
+            t_high = np.nan_to_num((loc + resolution - log_t) / se, nan=0.0, posinf=math.inf, neginf=-math.inf)
+        t_lo, t_hi = float(t_low.min()), float(t_high.max())
     p_up = tail_probability(t_lo, n, method)  # evidence that the mean is above the threshold
     p_down = tail_probability(-t_hi, n, method)  # ... below it
     if direction == "at_least":
@@ -366,19 +281,24 @@ def judge_many(
     direction: Direction = "at_least",
     *,
     sd_floor: float = SD_FLOOR,
-    method: Method = ROBUST,
+    method: Method = MEDIAN,
+    resolution: float = 0.0,
+    accept_confidence: float | None = None,
 ) -> np.ndarray:
     """Verdicts of many experiments at once (rows of exact block log ratios), as ``judge``
-    would give them: an array of +1 (ACCEPT), -1 (REJECT), 0 (INCONCLUSIVE). For calibration."""
+    would give them: an array of +1 (ACCEPT), -1 (REJECT), 0 (INCONCLUSIVE). For calibration.
+    ``accept_confidence`` (default ``confidence``) is the level of both tests, as a sequential
+    look or Holm sets it."""
     check_bar(threshold, confidence, direction)
     x = np.atleast_2d(np.asarray(log_ratios, dtype=np.float64))
     n = x.shape[1]
     if n < 2:
         return np.zeros(x.shape[0], dtype=np.int8)
-    mean, _, sd_used = _summary(x, sd_floor)
-    half = critical_value(n, confidence, method) * sd_used / math.sqrt(n)
+    loc, se, _ = location_scale(x, sd_floor, method)
+    level = confidence if accept_confidence is None else accept_confidence
+    half = critical_value(n, level, method) * se + resolution
     log_t = math.log(threshold)
-    lo, hi = mean - half, mean + half
+    lo, hi = loc - half, loc + half
     if direction == "at_least":
         accept, reject = lo > log_t, hi < log_t
     else:
@@ -392,7 +312,10 @@ def _pct(level: float) -> str:
 
 def _labelled(j: Judgement, holm: str = "", compare: str = "B/A") -> Judgement:
     """Attach the words that say exactly what ``lower``..``upper`` is (a ratio ``compare``)."""
-    how = ("skew-robust t bound" if j.method == ROBUST else "Student t bound") + f", spread floored at {j.sd_floor:g}"
+    how = describe(j.method, j.n) + f"; spread floored at {j.sd_floor:g}"
+    if j.resolution > 0:
+        how += (f"; each end widened by the search's resolution ({100 * math.expm1(j.resolution):.2g}%, an error "
+                "every block may share: no number of blocks decides a bar closer than that)")
     if j.lower_level == j.upper_level:
         two = 2 * j.lower_level - 1
         text = (f"{compare} {j.lower:.4g}..{j.upper:.4g}: each end a one-sided {_pct(j.lower_level)} bound "
@@ -434,6 +357,7 @@ class BarEvidence:
     confidence: float
     direction: Direction = "at_least"
     compare: str = "B/A"
+    resolution: float = 0.0
 
 
 def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[float], list[bool]]:
@@ -452,7 +376,8 @@ def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[floa
     return levels, reached
 
 
-def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = ROBUST) -> list[Judgement]:
+def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = MEDIAN,
+               spend: float = 1.0, look: str = "") -> list[Judgement]:
     """Judge every bar of a plan with Holm's step-down correction, for ACCEPT and for REJECT
     apart: a family of m bars makes a false ACCEPT of any of them, and a false REJECT of any of
     them, each at most 1 - confidence likely. The family is every bar of the plan, whatever
@@ -461,13 +386,19 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
     Bars are ranked by their ACCEPT p-value; the k-th (from 0) of m is tested at confidence
     1 - (1 - c) / (m - k), and can ACCEPT only if every bar ranked before it was accepted.
     REJECT is the same over the REJECT p-values. The bounds are at the level each test was
-    actually run at (the label says which), so a verdict and its interval always agree."""
+    actually run at (the label says which), so a verdict and its interval always agree.
+
+    ``spend`` is the share of each bar's alpha this judgement may use (a sequential look's,
+    ``analysis.sequential``; 1 for a fixed design) and ``look`` says which look, for the label."""
+    if not 0 < spend <= 1:
+        raise ValueError(f"spend must be in (0, 1] (got {spend})")
+    alphas = [(1.0 - b.confidence) * spend for b in bars]
     plain = [judge(b.log_ratios, b.threshold, b.confidence, b.direction, sd_floor=sd_floor, method=method,
-                   compare=b.compare) for b in bars]
+                   compare=b.compare, resolution=b.resolution, accept_confidence=1.0 - a, reject_confidence=1.0 - a)
+             for b, a in zip(bars, alphas, strict=True)]
     m = len(bars)
     if m <= 1:
-        return plain
-    alphas = [1.0 - b.confidence for b in bars]
+        return [_labelled(j, look, b.compare) if look else j for j, b in zip(plain, bars, strict=True)]
     acc_level, acc_reached = _holm_levels([j.p_value for j in plain], alphas)
     rej_level, rej_reached = _holm_levels([j.p_reject for j in plain], alphas)
     # One family, one promise: a true-null bar of rank k is tested at alpha_i / (m - k) <= alpha_i / m0,
@@ -480,7 +411,7 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
     for i, b in enumerate(bars):
         j = judge(b.log_ratios, b.threshold, b.confidence, b.direction,
                   accept_confidence=1.0 - acc_level[i], reject_confidence=1.0 - rej_level[i],
-                  sd_floor=sd_floor, method=method, compare=b.compare)
+                  sd_floor=sd_floor, method=method, compare=b.compare, resolution=b.resolution)
         notes = [j.note] if j.note else []
         if j.verdict == "ACCEPT" and not acc_reached[i]:
             j = _replace(j, verdict="INCONCLUSIVE")
@@ -492,5 +423,5 @@ def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, metho
                 f"{_pct(1.0 - acc_level[i])} (rank {acc_rank[i]} of {m}), REJECT at "
                 f"{_pct(1.0 - rej_level[i])} (rank {rej_rank[i]} of {m})")
         notes.append(holm)
-        out.append(_labelled(_replace(j, note="; ".join(notes)), holm, b.compare))
+        out.append(_labelled(_replace(j, note="; ".join(notes)), "; ".join(x for x in (look, holm) if x), b.compare))
     return out

@@ -174,3 +174,10 @@ def simulate(
     say(f"GPU-hours: {result.gpu_hours:.2f} ("
         + ", ".join(f"{k} {v:.2f}" for k, v in result.gpu_hours_per_arm.items())
         + f"), wall {result.wall_hours:.2f} h")
+    if plan.design.sequential is not None and result.bars:
+        mean = result.bars[0].mean_blocks
+        blocks = plan.design.blocks
+        saved = result.gpu_hours * (1 - mean / blocks)
+        say(f"sequential design ({plan.design.sequential.spending}): {mean:.2f} of {blocks} blocks run on average "
+            f"over {result.replications} replications; expected GPU-hours {result.gpu_hours - saved:.2f} "
+            f"(saves {saved:.2f})")

@@ -16,7 +16,9 @@ import numpy as np
 from orchestrator.analysis.blocks import BlockRatio
 from orchestrator.analysis.blocks import block_log_ratio as _log_ratio
 from orchestrator.analysis.power import blocks_needed
-from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
+from orchestrator.analysis.sequential import judge_looks, look_blocks
+from orchestrator.analysis.stats import MEDIAN, BarEvidence, Judgement, judge_bars
+from orchestrator.analysis.williams import rows_for
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Bar, Plan
 
@@ -66,6 +68,7 @@ class BarPrediction:
     blocks_for_power: int | None
     blocks_note: str
     compare: str = "B/A"
+    mean_blocks: float = math.nan  # blocks a replication ran (fewer than planned: a sequential stop)
 
     def to_dict(self) -> dict[str, object]:
         j = self.judgement.to_dict()
@@ -79,6 +82,7 @@ class BarPrediction:
             "power": self.power,
             f"blocks_for_{int(TARGET_POWER * 100)}pct_power": self.blocks_for_power,
             "blocks_note": self.blocks_note,
+            "mean_blocks": _finite(self.mean_blocks),
         }
 
 
@@ -115,16 +119,32 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
                         for k in range(blocks)])
         return out
 
-    def verdicts(ratios: list[list[float | BlockRatio]]) -> list[Judgement]:
-        return judge_bars([BarEvidence(r, bar.threshold, bar.confidence, bar.direction, bar.compare)
-                           for r, bar in zip(ratios, plan.bars, strict=True)])
+    resolution = [math.log1p(plan.search.precision) if bar.metric == "capacity" else 0.0 for bar in plan.bars]
+    seq = plan.design.sequential
+
+    def verdicts(ratios: list[list[float | BlockRatio]]) -> tuple[list[Judgement], int]:
+        """The bars' verdicts by the rule `orch run` applies (a sequential plan's looks
+        included), and the blocks it ran."""
+        def evidence(n: int) -> list[BarEvidence]:
+            return [BarEvidence(r[:n], bar.threshold, bar.confidence, bar.direction, bar.compare, rho)
+                    for r, bar, rho in zip(ratios, plan.bars, resolution, strict=True)]
+
+        if seq is None:
+            return judge_bars(evidence(blocks)), blocks
+        looks = look_blocks(blocks, seq.min_blocks, rows_for(len(names)))
+        alpha = 1.0 - min(bar.confidence for bar in plan.bars)
+        judged, look = judge_looks(evidence, looks, blocks, blocks, seq.spending, alpha, method=MEDIAN)
+        return judged, look.blocks
 
     predicted_ratios = design_ratios(np.random.default_rng(derive_seed(seed, "dry-run", "blocks")))
-    predicted = verdicts(predicted_ratios)
+    predicted, _ = verdicts(predicted_ratios)
     accepts = np.zeros(len(plan.bars))
+    used = 0
     rng = np.random.default_rng(derive_seed(seed, "dry-run", "replications"))
     for _ in range(replications):
-        for i, j in enumerate(verdicts(design_ratios(rng))):
+        judged, ran = verdicts(design_ratios(rng))
+        used += ran
+        for i, j in enumerate(judged):
             accepts[i] += j.verdict == "ACCEPT"
 
     out = []
@@ -148,7 +168,7 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
             threshold=bar.threshold, confidence=bar.confidence, noise_free_ratio=ratio,
             judgement=predicted[i], block_ratios=tuple(_ratio(x) for x in predicted_ratios[i]),
             power=float(accepts[i] / replications), blocks_for_power=n_needed, blocks_note=note,
-            compare=bar.compare,
+            compare=bar.compare, mean_blocks=used / replications,
         ))
     return out
 

@@ -245,11 +245,14 @@ class Executor:
                                    point_seconds(plan.search.point_s, plan.search.warmup_s, plan.search.cooldown_s),
                                    plan.search.max_points)
             config_ids = {arm: self.store.deployment_config(plan, arm) for arm in plan.arms}
+            stopped = False
             for block, arms in order:
                 for position, arm in enumerate(arms):
                     self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
                 self._judge_block(plan, exp_id, block)
                 self.progress.block_done()
+                if stopped := self._decided_early(plan, exp_id):
+                    break
         except (DatabaseOutage, LeaseLost):
             raise  # the store cannot, or must not, be written; the experiment stays resumable
         except PermanentError as e:
@@ -263,12 +266,23 @@ class Executor:
             self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
                                       _finite(j.lower), _finite(j.upper), j.n, label=j.label, note=j.note,
                                       evidence=o.evidence())
-        finished_all = self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
+        finished_all = stopped or self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
         if finished_all:
             self.store.set_experiment_status(exp_id, "done")
             self.backend.cleanup(exp.name, final=True)
         complete = experiment_complete(self.store, exp_id, plan)
         return ExperimentOutcome(exp_id, exp.name, reg.id, reg.sha256, bars, complete, resumed)
+
+    def _decided_early(self, plan: Plan, exp_id: int) -> bool:
+        """A sequential design's stop: every bar decided at a look before the last block."""
+        if plan.design.sequential is None or not plan.bars:
+            return False
+        look = judge_experiment(self.store, exp_id, plan)[0].look
+        if look is None or not look.stopped:
+            return False
+        self.progress.note(f"sequential design: every bar decided at look {look.index} ({look.blocks} of "
+                           f"{look.planned} blocks); the remaining blocks are not run")
+        return True
 
     def _fail(self, exp_id: int, exp_name: str, e: PermanentError) -> ExperimentFailed:
         """What waiting or retrying cannot fix stopped the experiment: it is stored as failed,

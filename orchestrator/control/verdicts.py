@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.analysis.balance import order_balance
 from orchestrator.analysis.blocks import BlockRatio, CapacityValue, block_log_ratio
+from orchestrator.analysis.carryover import OrderEffect, order_effect
+from orchestrator.analysis.critical import MEDIAN, METHODS, ROBUST, Method
+from orchestrator.analysis.sequential import Look, judge_looks, look_blocks
 from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
+from orchestrator.analysis.williams import rows_for
 from orchestrator.control.design import block_order
 from orchestrator.plan import Bar, Plan
 
@@ -36,6 +40,10 @@ class BarOutcome:
     values: dict[int, tuple[float, float]]  # block -> (denominator, numerator): (A, B) for B/A
     dropped: dict[int, str] = field(default_factory=dict)  # planned block it cannot use -> why
     censored: dict[int, str] = field(default_factory=dict)  # used block judged as an interval -> why
+    carryover: OrderEffect | None = None  # the order effect of its blocks (MEDIAN's rule)
+    look: Look | None = None  # where a sequential design stands (None: a fixed design)
+    voided: dict[str, int] = field(default_factory=dict)  # arm -> attempts voided and retried
+    gpu_hours_saved: float | None = None  # a sequential stop: the planned blocks not run, priced
 
     def evidence(self) -> dict[str, Any]:
         """What the verdict rests on, as stored with it and shown by `orch verdict` and the
@@ -50,7 +58,16 @@ class BarOutcome:
             "lower_level": _finite(j.lower_level), "upper_level": _finite(j.upper_level),
             "method": j.method, "sd": _finite(j.sd), "sd_used": _finite(j.sd_used), "sd_floor": j.sd_floor,
             "p_value": _finite(j.p_value), "p_reject": _finite(j.p_reject),
+            "estimand": ESTIMANDS.get(j.method, j.method), "resolution": j.resolution,
+            "carryover": None if self.carryover is None else self.carryover.to_dict(),
+            "sequential": None if self.look is None else {**self.look.to_dict(),
+                                                          "gpu_hours_saved": self.gpu_hours_saved},
+            "voided_attempts": dict(self.voided),
         }
+
+
+ESTIMANDS: dict[str, str] = {MEDIAN: "median block ratio", ROBUST: "geometric mean of the block ratios",
+             "student_t": "geometric mean of the block ratios"}
 
 
 def _finite(x: float) -> float | None:
@@ -98,14 +115,14 @@ def _value(store: StoreLike, caps: pd.DataFrame | None, run_id: int, bar: Bar) -
 
 
 def dropped_blocks(store: StoreLike, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
-                   used: set[int] | dict[int, Any]) -> dict[int, str]:
+                   used: set[int] | dict[int, Any], limit: int | None = None) -> dict[int, str]:
     """Each planned block a bar's verdict cannot use, with why (of the bar's two arms): an arm not run yet, an arm
     without a valid run (its last attempt's reason), a failed run-level guard (back to back),
     or a valid run without the bar's figure."""
     all_runs = store.runs(experiment_id)
     caps = store.capacities(experiment_id) if bar.metric == "capacity" else None
     out: dict[int, str] = {}
-    for b in range(plan.design.blocks):
+    for b in range(plan.design.blocks if limit is None else limit):
         if b in used:
             continue
         why: list[str] = []
@@ -174,35 +191,119 @@ def _block_ratio(block: int, a: float, b: float, caps: pd.DataFrame | None = Non
     return block_log_ratio(b, a, block)
 
 
-def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan) -> list[BarOutcome]:
+def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: Method = MEDIAN) -> list[BarOutcome]:
     """Judge every bar of the plan over the experiment's valid blocks (Holm across all bars,
-    whatever pair each compares)."""
+    whatever pair each compares). ``method`` is the judge (analysis.critical): MEDIAN's rule adds
+    the search's resolution to each end of a capacity bar, the carry-over rule and the plan's
+    sequential design; ROBUST re-judges a verdict stored before them as it was judged."""
     if not plan.bars:
         return []
     runs = valid_runs(store, experiment_id)
     values = [bar_values(store, experiment_id, bar, runs) for bar in plan.bars]
     caps = store.capacities(experiment_id) if any(bar.metric == "capacity" for bar in plan.bars) else None
-    evidence = [
-        BarEvidence([_block_ratio(blk, a, b, *((caps, runs, bar) if bar.metric == "capacity" else ()))
-                     for blk, (a, b) in v.items()], bar.threshold, bar.confidence, bar.direction, bar.compare)
-        for bar, v in zip(plan.bars, values, strict=True)
-    ]
-    judgements = judge_bars(evidence)
+    ratios = [{blk: _block_ratio(blk, a, b, *((caps, runs, bar) if bar.metric == "capacity" else ()))
+               for blk, (a, b) in v.items()} for bar, v in zip(plan.bars, values, strict=True)]
+    new_rule = method == MEDIAN
+    resolution = [math.log1p(plan.search.precision) if new_rule and bar.metric == "capacity" else 0.0
+                  for bar in plan.bars]
     orders = [arms for _, arms in block_order(plan.design, tuple(plan.arms))]
+
+    def evidence(limit: int | None) -> list[BarEvidence]:
+        return [BarEvidence([r for blk, r in rs.items() if limit is None or blk < limit], bar.threshold,
+                            bar.confidence, bar.direction, bar.compare, rho)
+                for bar, rs, rho in zip(plan.bars, ratios, resolution, strict=True)]
+
+    def carried(limit: int | None) -> list[OrderEffect | None]:
+        if not new_rule:
+            return [None] * len(plan.bars)
+        out: list[OrderEffect | None] = []
+        for bar, rs in zip(plan.bars, ratios, strict=True):
+            den, num = _den_num(bar)
+            pts = [(blk, r) for blk, r in rs.items() if (limit is None or blk < limit) and not isinstance(r, BlockRatio)
+                   and math.isfinite(r)]
+            after = [orders[blk].index(num) > orders[blk].index(den) for blk, _ in pts]
+            out.append(order_effect([r for _, r in pts], after, bar.confidence,
+                                    math.log1p(plan.design.carryover.bound), (den, num)))
+        return out
+
+    def apply_carryover(limit: int | None, judged: list[Judgement]) -> list[Judgement]:
+        out = []
+        for j, oe in zip(judged, carried(limit), strict=True):
+            if oe is not None and oe.exceeds:
+                if plan.design.carryover.action == "void" and j.verdict != "INCONCLUSIVE":
+                    j = replace(j, verdict="INCONCLUSIVE")
+                why = (f"{oe.describe()} exceeds its bound: "
+                       + ("verdict void (INCONCLUSIVE); rerun with a settle period or a cache reset between arms"
+                          if plan.design.carryover.action == "void" else "warned (registered action: warn)"))
+                j = replace(j, note=f"{j.note}; {why}" if j.note else why)
+            elif oe is not None:
+                j = replace(j, note=f"{j.note}; carry-over: {oe.describe()}" if j.note else f"carry-over: {oe.describe()}")
+            out.append(j)
+        return out
+
+    look: Look | None = None
+    seq = plan.design.sequential if new_rule else None
+    if seq is None:
+        judgements = apply_carryover(None, judge_bars(evidence(None), method=method))
+        limit: int | None = None
+    else:
+        looks = look_blocks(plan.design.blocks, seq.min_blocks, rows_for(len(plan.arms)))
+        alpha = 1.0 - min(bar.confidence for bar in plan.bars)
+        judgements, look = judge_looks(evidence, looks, plan.design.blocks, _blocks_run(store, experiment_id, plan),
+                                       seq.spending, alpha, method=method, adjust=apply_carryover)
+        limit = look.blocks
+    effects = carried(limit)
+    voided = _voided_attempts(store, experiment_id)
+    saved = _gpu_hours_saved(store, experiment_id, plan, look) if look is not None and look.stopped else None
     out = []
-    for bar, j, v, ev in zip(plan.bars, judgements, values, evidence, strict=True):
-        balance = order_balance(orders, [b for b in range(plan.design.blocks) if b not in v], _den_num(bar))
-        if not balance.balanced and v:  # ABBA with a dropped block, or a randomized draw: the drift left
+    for bar, j, v, rs, oe in zip(plan.bars, judgements, values, ratios, effects, strict=True):
+        used = {blk: x for blk, x in v.items() if limit is None or blk < limit}
+        balance = order_balance(orders[: plan.design.blocks if limit is None else limit],
+                                [b for b in range(plan.design.blocks if limit is None else limit) if b not in used],
+                                _den_num(bar))
+        if not balance.balanced and used:  # ABBA with a dropped block, or a randomized draw: the drift left
             note = balance.warning if plan.design.order == "ABBA" else (
                 f"randomized order: {balance.a_first} of {balance.a_first + balance.b_first} blocks used ran "
                 f"{_den_num(bar)[0]} first; a linear drift of d per run shifts the estimate's log by "
                 f"{balance.drift_weight:+.3g} d (not cancelled)")
             j = replace(j, note=f"{j.note}; {note}" if j.note else note)
-        censored = {r.block: r.reason().removeprefix(f"block {r.block}: ")
-                    for r in ev.log_ratios if isinstance(r, BlockRatio) and not r.is_point}
-        out.append(BarOutcome(bar, j, sorted(v), v, dropped_blocks(store, experiment_id, plan, bar, runs, v),
-                              censored))
+        censored = {blk: r.reason().removeprefix(f"block {blk}: ")
+                    for blk, r in rs.items() if blk in used and isinstance(r, BlockRatio) and not r.is_point}
+        mine = {arm: voided.get(arm, 0) for arm in _den_num(bar)}
+        out.append(BarOutcome(bar, j, sorted(used), used,
+                              dropped_blocks(store, experiment_id, plan, bar, runs, used, limit), censored,
+                              oe, look, mine, saved))
     return out
+
+
+def _blocks_run(store: StoreLike, experiment_id: int, plan: Plan) -> int:
+    """How many of the planned blocks, from the first, have every arm's run finished."""
+    done = {(r.block, r.arm) for r in store.runs(experiment_id) if r.finished}
+    n = 0
+    while n < plan.design.blocks and all((n, arm) in done for arm in plan.arms):
+        n += 1
+    return n
+
+
+def _voided_attempts(store: StoreLike, experiment_id: int) -> dict[str, int]:
+    """Arm -> attempts that ended without a valid run (voided by a guard or a lost server) and
+    were retried or left the block out: the kept runs are the ones that passed."""
+    out: dict[str, int] = {}
+    for r in store.runs(experiment_id):
+        if r.finished and not (r.status == "done" and r.valid):
+            out[r.arm] = out.get(r.arm, 0) + 1
+    return out
+
+
+def _gpu_hours_saved(store: StoreLike, experiment_id: int, plan: Plan, look: Look) -> float | None:
+    """The planned blocks a sequential stop did not run, priced at the GPU-hours its blocks took."""
+    spent = 0.0
+    for r in store.runs(experiment_id):
+        if r.block < look.blocks and r.finished_at is not None:
+            spent += (r.finished_at - r.started_at).total_seconds() * plan.arm(r.arm).gpus / 3600.0
+    if look.blocks <= 0:
+        return None
+    return spent / look.blocks * (look.planned - look.blocks)
 
 
 def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> bool:
@@ -212,7 +313,21 @@ def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> boo
     if store.get_experiment(experiment_id).status != "done":
         return False
     counted = valid_runs(store, experiment_id)
-    return all((b, arm) in counted for b in range(plan.design.blocks) for arm in plan.arms)
+    blocks = plan.design.blocks
+    if plan.design.sequential is not None and plan.bars:
+        look = judge_experiment(store, experiment_id, plan, _stored_method(store, experiment_id))[0].look
+        if look is not None and look.stopped:
+            blocks = look.blocks  # a sequential stop: the blocks after it were never to run
+    return all((b, arm) in counted for b in range(blocks) for arm in plan.arms)
+
+
+def _stored_method(store: StoreLike, experiment_id: int) -> Method:
+    """The judge that made the experiment's stored verdicts (its evidence says; before evidence
+    carried it, ROBUST); MEDIAN for an experiment with none stored yet."""
+    for v in store.verdicts(experiment_id):
+        m = (v.evidence or {}).get("method", ROBUST)
+        return m if m in METHODS else ROBUST
+    return MEDIAN
 
 
 def gate_exit_code(outcomes: list[BarOutcome], incomplete: bool) -> int:
@@ -294,7 +409,7 @@ class VerdictCheck:
 def recheck_verdicts(store: StoreLike, experiment_id: int, plan: Plan) -> list[VerdictCheck]:
     """Every bar of ``plan`` judged again from the stored records (``judge_experiment``, as the
     executor judges before ``record_verdict``), each with the latest verdict stored for it."""
-    outcomes = judge_experiment(store, experiment_id, plan)
+    outcomes = judge_experiment(store, experiment_id, plan, _stored_method(store, experiment_id))
     stored = {v.bar_id: v for v in store.verdicts(experiment_id)}
     done = store.get_experiment(experiment_id).status == "done"
     finished = [r.finished_at for r in store.runs(experiment_id) if r.finished and r.finished_at is not None]

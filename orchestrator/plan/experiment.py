@@ -118,6 +118,36 @@ class SearchSettings(StrictModel):
         return omit_while(handler(self), {"early_stop": False})
 
 
+class CarryOver(StrictModel):
+    """What a verdict does when its blocks show an order effect (issue 31): the mean ln ratio of
+    the blocks where the bar's numerator ran after its denominator minus where it ran before,
+    with an interval at the bar's confidence (analysis.carryover). ABBA balances a carry-over
+    both arms leave alike, not one only one arm leaves."""
+
+    bound: float = Field(
+        default=0.0, ge=0, le=0.5,
+        description="Largest order effect tolerated, as a ratio (0.01: 1%); exceeded when the effect's "
+                    "interval lies wholly outside +-bound.",
+    )
+    action: Literal["void", "warn"] = Field(
+        default="void",
+        description="void: the bar is INCONCLUSIVE (rerun with a settle period or a cache reset between "
+                    "arms); warn: the verdict stands and its note gives the estimate.",
+    )
+
+
+class Sequential(StrictModel):
+    """A group-sequential design (issue 31): look after every whole design from ``min_blocks``
+    and stop as soon as every bar is decided (analysis.sequential)."""
+
+    min_blocks: int = Field(default=4, ge=2, le=100, description="The first look, in blocks (at least 2).")
+    spending: Literal["obrien_fleming", "pocock"] = Field(
+        default="obrien_fleming",
+        description="Alpha-spending function over the looks: obrien_fleming keeps nearly all of alpha for the "
+                    "last look; pocock spreads it evenly (earlier stops, less power at the end).",
+    )
+
+
 class Design(StrictModel):
     """Blocks of back-to-back runs (one of each arm) and their order."""
 
@@ -134,6 +164,17 @@ class Design(StrictModel):
     window_h: float = Field(
         default=24, gt=0, le=8760, description="The arms of a block must run within this many hours (at most 8760)."
     )
+    carryover: CarryOver = Field(
+        default_factory=CarryOver, description="The order-effect rule: its bound and what exceeding it does."
+    )
+    sequential: Sequential | None = Field(
+        default=None, description="Stop at the first look at which every bar is decided (off: a fixed design)."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a plan that sets them hashes apart).
+        return omit_while(handler(self), {"carryover": CarryOver().model_dump(mode="json"), "sequential": None})
 
 
 class Bar(StrictModel):
