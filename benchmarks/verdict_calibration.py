@@ -1,4 +1,10 @@
-"""Calibration of the verdict and the capacity search (issue 17): the full table.
+"""Calibration of the verdict and the capacity search (issues 17 and 31): the full table.
+
+Part 0 (issue 31), the rule `orch run` applies: the median block ratio as the estimand, its
+bound's coverage per end under normal, t(3) and contaminated noise, false accepts at the bar
+with their standard errors, power at 2/4/6 blocks, carry-over, a constant search error,
+skewed blocks, retries, and the sequential design's blocks and GPU-hours per decided experiment.
+Part 1 (``--legacy``) is issue 17's table of the geometric-mean rule (ROBUST), kept to compare.
 
 Part 1, the verdict. Every case of issue 17 that the analysis owns, simulated with fixed seeds:
 false accepts at the bar under symmetric, heavy-tailed and skewed block noise (3, 5, 10
@@ -26,6 +32,7 @@ import zlib
 
 import numpy as np
 
+from orchestrator.analysis import verdict_cases as vc
 from orchestrator.analysis.calibration import (
     Case,
     Curve,
@@ -46,7 +53,7 @@ from orchestrator.analysis.calibration import (
     tpot_knee_curve,
 )
 from orchestrator.analysis.search import CapacitySearch
-from orchestrator.analysis.stats import STUDENT_T, critical_value, judge_many
+from orchestrator.analysis.stats import MEDIAN, ROBUST, STUDENT_T, critical_value, judge_many
 
 BOUND = 0.06  # 1 - confidence + 0.01 at confidence 0.95
 RATE_MIN, RATE_MAX = 0.5, 64.0
@@ -152,6 +159,96 @@ def verdict_cases(scale: float) -> list[Case]:
     return rows
 
 
+def se(p: float, n: int) -> float:
+    return math.sqrt(max(p * (1 - p), 1e-12) / n)
+
+
+def issue31_table(scale: float) -> list[Case]:
+    """Part 0: every case of issue 31 against the rule `orch run` applies."""
+    rng = np.random.default_rng(20261206)
+    n = max(int(200_000 * scale), 4000)
+    rows: list[Case] = []
+
+    def add(case: str, goal: str, measured: float, sims: int, ok: bool, extra: str = "") -> None:
+        rows.append(Case(case, goal, measured, sims, ok))
+        print(f"  {case:<70} {goal:>12} {measured:>8.4f} {extra:>9} {sims:>8}  {'ok' if ok else 'MISSED'}", flush=True)
+
+    print(f"  {'case':<70} {'goal':>12} {'measured':>8} {'(se)':>9} {'sims':>8}")
+    for kind in vc.NOISES:
+        for blocks in (2, 3, 4, 6, 10, 20):
+            c = vc.coverage(kind, blocks, n, rng)
+            for end, v in (("lower", c.lower), ("upper", c.upper)):
+                add(f"coverage of the {end} end (95% one-sided), {kind}, {blocks} blocks", "0.950-0.970",
+                    v, n, 0.95 - 2 * se(v, n) <= v <= 0.97 + 2 * se(v, n), f"({se(v, n):.4f})")
+            fa = 1 - c.lower
+            add(f"false accepts, median at the bar, {kind}, {blocks} blocks", at_most(BOUND), fa, n, fa <= BOUND,
+                f"({se(fa, n):.4f})")
+    for kind in vc.NOISES:
+        for blocks in (2, 4, 6):
+            p = vc.power(kind, blocks, n, rng)
+            goal = ">= 0.800" if (kind, blocks) == ("normal", 4) else "report"
+            add(f"power 1.25 vs bar 1.10, sd 0.05, {kind}, {blocks} blocks", goal, p, n,
+                goal == "report" or p >= 0.8, f"({se(p, n):.4f})")
+        p = vc.power(kind, 4, n, rng, resolution=math.log1p(0.02))
+        add(f"  same, 4 blocks, with a 2% search's resolution on each end, {kind}", "report", p, n, True)
+    p = vc.power("normal", 4, n, rng, method=ROBUST)
+    add("  (contrast) power, normal, 4 blocks, the geometric-mean rule before (ROBUST)", "-", p, n, True)
+
+    for sigma in (0.02, 0.01):
+        for blocks in (10, 16):
+            fa, _ = vc.carryover_false_accepts(blocks, n, rng, sigma=sigma)
+            add(f"carry-over 3% after B (ABBA), sd {sigma}, {blocks} blocks, rule voids", at_most(BOUND), fa, n,
+                fa <= BOUND, f"({se(fa, n):.4f})")
+            fa, _ = vc.carryover_false_accepts(blocks, n, rng, sigma=sigma, void=False)
+            add("  (contrast) same without the carry-over rule", "-", fa, n, True)
+            _, voids = vc.carryover_false_accepts(blocks, n, rng, sigma=sigma, carry=0.0)
+            add("  price: experiments voided with no carry-over", "report", voids, n, True)
+
+    # A constant search error: noise-free searches of a true ratio 1.0, 48 shape/scale pairs.
+    crng = np.random.default_rng(48)
+    shapes = curve_family(crng, 8, RATE_MIN, RATE_MAX)
+    errs = []
+    for i, a in enumerate(shapes):
+        b = shapes[(i + 1) % len(shapes)]
+        for k in (0.6, 0.8, 1.0, 1.3, 1.7, 2.2):
+            pair = [Curve(c.mu * k, c.sharpness, c.tpot_knee, c.tpot_width, c.tokens) for c in (a, b)]
+            ea, eb = (search_pool(c, 1, crng, sigma_arm=0.0, prior_sd=None, noise="none").errors[0] for c in pair)
+            errs.append(eb - ea)
+    for rho, what in ((math.log1p(0.02), "with the resolution floor"), (0.0, "(contrast) without it")):
+        hits = sum(any(judge_many(np.full((1, m), e), 1.0, 0.95, resolution=rho)[0] == 1 for m in range(2, 41))
+                   for e in errs if math.isfinite(e))
+        add(f"constant search error: pairs (of 48) accepting 1.0 at some n <= 40, {what}",
+            "0" if rho else "-", float(hits), len(errs), hits == 0 or rho == 0.0)
+    add("  largest |ln error| of a noise-free pair (precision 2% = 0.0198)", "report",
+        float(np.nanmax(np.abs(np.array(errs)))), len(errs), True)
+
+    for share in (0.10, 0.20):
+        for sigma in (0.02, 0.05):
+            fa = vc.skewed_false_accepts(share, sigma, 10, n, rng)
+            add(f"B 30% worse in {share:.0%} of blocks, sd {sigma}, median at the bar, 10 blocks", at_most(BOUND), fa,
+                n, fa <= BOUND, f"({se(fa, n):.4f})")
+            fa = vc.skewed_false_accepts(share, sigma, 10, n, rng, at="mean")
+            add("  (another estimand) same with the geometric mean at the bar", "-", fa, n, True)
+
+    bias = vc.retry_selection(n, rng)
+    add("retries: ln bias of B/A kept after voids (30% void below -1 sd)", "<= 0.0198", bias, n, abs(bias) <= 0.0198)
+
+    print("\n  sequential design: 8 planned blocks, looks every 2 from 2, sd 0.05, 1.25 vs bar 1.10 "
+          "(GPU-hours: 1 GPU-hour per run, 2 per block)")
+    print(f"  {'rule':<22} {'false acc':>9} {'power':>7} {'blocks@bar':>10} {'blocks@1.25':>11} "
+          f"{'GPU-h/decided@1.25':>18}")
+    for spending in (None, "obrien_fleming", "pocock"):
+        for kind in vc.NOISES:
+            r = vc.sequential_run(8, n, rng, spending=spending, kind=kind)
+            per = 2 * r.mean_blocks_alt / max(r.decided_alt, 1e-9)
+            name = f"{spending or 'fixed 8 blocks'} {kind}"
+            print(f"  {name:<34} {r.false_accepts:>9.4f} {r.power:>7.3f} {r.mean_blocks_null:>10.2f} "
+                  f"{r.mean_blocks_alt:>11.2f} {per:>18.2f}", flush=True)
+            rows.append(Case(f"sequential {name}: false accepts", at_most(BOUND), r.false_accepts, n,
+                             r.false_accepts <= BOUND))
+    return rows
+
+
 def search_table(curves: int) -> None:
     print("\nPart 2: capacity search on curves that bend differently "
           f"({curves} curves each; range {RATE_MIN}-{RATE_MAX} req/s, precision 2%, max 12 points)")
@@ -185,16 +282,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="simulations per case, relative to the default")
     ap.add_argument("--curves", type=int, default=300, help="curves per search configuration")
+    ap.add_argument("--legacy", action="store_true", help="also print issue 17's table (the ROBUST rule)")
     args = ap.parse_args()
     t0 = time.time()
-    print("Part 1: verdict calibration (confidence 0.95; false accepts goal <= 1 - confidence + 0.01)")
-    print("  robust critical values c(n) at 95%: "
-          + ", ".join(f"{k}: {critical_value(k, 0.95):.2f} (t {critical_value(k, 0.95, STUDENT_T):.2f})"
-                      for k in (2, 3, 4, 5, 10, 20)))
-    print(f"  {'case':<66} {'goal':>10} {'measured':>9} {'sims':>8}")
-    rows = verdict_cases(args.scale)
+    print("Part 0 (issue 31): the median block ratio, confidence 0.95; false accepts goal <= 0.06")
+    print("  critical values c(n) at 95% (median rule / Student t): "
+          + ", ".join(f"{k}: {critical_value(k, 0.95, MEDIAN):.2f} / {critical_value(k, 0.95, STUDENT_T):.2f}"
+                      for k in (2, 3, 4, 5, 6, 10, 20, 40)))
+    rows = issue31_table(args.scale)
     missed = [r for r in rows if not r.ok]
-    print(f"  {len(rows)} rows, {len(missed)} missed")
+    print(f"  {len(rows)} rows, {len(missed)} missed" + "".join(f"\n    MISSED: {r.case} {r.measured:.4f}" for r in missed))
+    if args.legacy:
+        print("\nPart 1: issue 17's table, the geometric-mean rule (ROBUST); goal <= 0.06")
+        print("  robust critical values c(n) at 95%: "
+              + ", ".join(f"{k}: {critical_value(k, 0.95, ROBUST):.2f} (t {critical_value(k, 0.95, STUDENT_T):.2f})"
+                          for k in (2, 3, 4, 5, 10, 20)))
+        print(f"  {'case':<66} {'goal':>10} {'measured':>9} {'sims':>8}")
+        legacy = verdict_cases(args.scale)
+        print(f"  {len(legacy)} rows, {len([r for r in legacy if not r.ok])} missed")
     search_table(args.curves)
     print(f"\n{time.time() - t0:.0f} s")
 

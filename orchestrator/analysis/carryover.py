@@ -75,6 +75,16 @@ class OrderEffect:
                 "exceeds": self.exceeds}
 
 
+def welch_rows(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of two groups' ln ratios -> (mean difference, half-width of its one-sided
+    ``confidence`` bound), Welch's, each group's sd floored (vectorised: the calibration's too)."""
+    nx, ny = x.shape[1], y.shape[1]
+    vx = np.maximum(x.var(axis=1, ddof=1), SPREAD_FLOOR**2) / nx
+    vy = np.maximum(y.var(axis=1, ddof=1), SPREAD_FLOOR**2) / ny
+    df = (vx + vy) ** 2 / (vx**2 / (nx - 1) + vy**2 / (ny - 1))
+    return x.mean(axis=1) - y.mean(axis=1), sps.t.ppf(confidence, df) * np.sqrt(vx + vy)
+
+
 def order_effect(log_ratios: Sequence[float], numerator_after: Sequence[bool], confidence: float,
                  bound: float = 0.0, names: tuple[str, str] = ("A", "B")) -> OrderEffect:
     """The order effect of one bar's blocks: ``log_ratios[i]`` is a block's ln(num/den) and
@@ -93,8 +103,6 @@ def order_effect(log_ratios: Sequence[float], numerator_after: Sequence[bool], c
     est = float(x.mean() - y.mean())
     if x.size < 2 or y.size < 2:
         return OrderEffect(est, -math.inf, math.inf, int(x.size), int(y.size), confidence, bound, num, den)
-    vx = max(float(x.var(ddof=1)), SPREAD_FLOOR**2) / x.size
-    vy = max(float(y.var(ddof=1)), SPREAD_FLOOR**2) / y.size
-    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
-    half = float(sps.t.ppf(confidence, df)) * math.sqrt(vx + vy)
+    diff, halves = welch_rows(x[None, :], y[None, :], confidence)
+    est, half = float(diff[0]), float(halves[0])
     return OrderEffect(est, est - half, est + half, int(x.size), int(y.size), confidence, bound, num, den)

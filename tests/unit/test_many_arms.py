@@ -213,7 +213,7 @@ class _Store:
     """Capacities per (block, arm), one valid run each (the real store is in the e2e test)."""
 
     def __init__(self, caps: dict[tuple[int, str], float]) -> None:
-        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True)
+        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True, finished=True)
                       for i, (b, arm) in enumerate(sorted(caps))]
         ids = {(r.block, r.arm): r.id for r in self._runs}
         self._caps = pd.DataFrame([{"run_id": ids[k], "class_name": "standard", "capacity": v}

@@ -39,7 +39,7 @@ def test_gate_codes_follow_the_verdicts() -> None:
 
 class _Store:
     def __init__(self, caps: dict[tuple[int, str], dict], points: dict[int, list[dict]] | None = None) -> None:
-        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True)
+        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True, finished=True)
                       for i, (b, arm) in enumerate(sorted(caps))]
         ids = {(r.block, r.arm): r.id for r in self._runs}
         self._caps = pd.DataFrame([{"run_id": ids[k], "class_name": "standard", **v} for k, v in caps.items()])
@@ -61,7 +61,8 @@ class _Store:
 def _plan(blocks: int, at_least: float = 1.10, metric: str = "capacity", rate: float | None = None):
     bar = Bar.model_validate({"id": "b", "class": "standard", "at_least": at_least, "metric": metric,
                               **({"rate": rate} if rate else {})})
-    return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1), arms={"A": None, "B": None})
+    return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1), arms={"A": None, "B": None},
+                           search=SimpleNamespace(precision=0.02))
 
 
 def _caps(a: list[float], b: list[float], **extra) -> dict[tuple[int, str], dict]:
@@ -113,7 +114,7 @@ def test_dropped_and_censored_blocks_say_why() -> None:
     caps = _caps([100.0] * 4, [130.0, 131.0, 129.0, 128.0])
     caps[(2, "B")] = {"capacity": 140.0, "censored": "at_ceiling", "converged": True, "upper": None}
     store = _Store(caps)
-    store._runs[7] = SimpleNamespace(id=7, block=3, arm="B", status="failed", valid=False,
+    store._runs[7] = SimpleNamespace(id=7, block=3, arm="B", status="failed", valid=False, finished=True,
                                      invalid_reason="guard failed at 4 req/s: generator_lag")
     b2b = SimpleNamespace(name="back_to_back", passed=False, detail="the arms ran 30 h apart", point_id=None)
     store.guard_results = lambda run_id: [b2b] if run_id in (2, 3) else []

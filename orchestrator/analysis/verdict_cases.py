@@ -1,0 +1,147 @@
+"""The cases of issue 31, simulated against the verdict rule as `orch run` applies it (MEDIAN's
+bound, the search's resolution, the carry-over rule, the sequential looks). Pure; used by
+``benchmarks/verdict_calibration.py`` and its tests. Every noise shape is centred at its median:
+the estimand a bar states (the median block ratio).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from orchestrator.analysis.carryover import welch_rows
+from orchestrator.analysis.critical import (
+    CONTAMINATED_SHARE,
+    CONTAMINATED_SHIFT,
+    MEDIAN,
+    Method,
+    contaminated_median,
+    critical_value,
+    location_scale,
+)
+from orchestrator.analysis.sequential import Spending, look_blocks, shares
+from orchestrator.analysis.stats import SD_FLOOR, judge_many
+
+NOISES = ("normal", "student_t3", "contaminated")
+
+
+def median_noise(rng: np.random.Generator, kind: str, shape: tuple[int, ...], sigma: float) -> np.ndarray:
+    """Block noise with median 0 and scale ``sigma`` (the clean blocks' sd): normal, t(3)
+    scaled to sd ``sigma``, or 15% of blocks 5.5 clean sds low (B's bad blocks)."""
+    if kind == "normal":
+        return rng.normal(0.0, sigma, shape)
+    if kind == "student_t3":
+        return rng.standard_t(3, shape) * sigma / math.sqrt(3.0)
+    if kind == "contaminated":
+        z = rng.standard_normal(shape) - CONTAMINATED_SHIFT * (rng.random(shape) < CONTAMINATED_SHARE)
+        return sigma * (z - contaminated_median())
+    raise ValueError(f"unknown noise {kind!r}")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    lower: float  # share of lower ends at or below the truth
+    upper: float
+    sims: int
+
+    def se(self, p: float) -> float:
+        return math.sqrt(max(p * (1 - p), 1e-12) / self.sims)
+
+
+def _ends(r: np.ndarray, confidence: float, method: Method, resolution: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's one-sided bounds (ln units), as ``judge`` computes them for points."""
+    loc, se, _ = location_scale(r, SD_FLOOR, method)
+    half = critical_value(r.shape[1], confidence, method) * se + resolution
+    return loc - half, loc + half
+
+
+def coverage(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, sigma: float = 0.05,
+             confidence: float = 0.95, method: Method = MEDIAN) -> Coverage:
+    """How often each one-sided end covers the true median ratio (1.0 here)."""
+    r = median_noise(rng, kind, (sims, blocks), sigma)
+    lo, hi = _ends(r, confidence, method, 0.0)
+    return Coverage(float((lo <= 0).mean()), float((hi >= 0).mean()), sims)
+
+
+def power(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, true_ratio: float = 1.25,
+          threshold: float = 1.10, sigma: float = 0.05, resolution: float = 0.0, method: Method = MEDIAN) -> float:
+    r = math.log(true_ratio) + median_noise(rng, kind, (sims, blocks), sigma)
+    return float((judge_many(r, threshold, 0.95, resolution=resolution, method=method) == 1).mean())
+
+
+def carryover_false_accepts(blocks: int, sims: int, rng: np.random.Generator, *, sigma: float, carry: float = 0.03,
+                            bound: float = 0.0, void: bool = True, threshold: float = 1.0) -> tuple[float, float]:
+    """ABBA; the run right after B is ``carry`` slower inside a block (so B-then-A blocks read
+    ln(B/A) ``carry`` high); the true ratio at the bar. (false accepts, share voided) with the
+    carry-over rule voiding (``void``) or not."""
+    after = np.array([b % 2 == 0 for b in range(blocks)])  # AB blocks: B after A
+    r = math.log(threshold) + rng.normal(0.0, sigma, (sims, blocks)) + np.where(after, 0.0, carry)
+    accept = judge_many(r, threshold, 0.95) == 1
+    diff, half = welch_rows(r[:, after], r[:, ~after], 0.95)
+    b = math.log1p(bound)
+    voided = (diff - half > b) | (diff + half < -b)
+    return float((accept & ~voided).mean() if void else accept.mean()), float(voided.mean())
+
+
+def skewed_false_accepts(share: float, sigma: float, blocks: int, sims: int, rng: np.random.Generator, *,
+                         drop: float = 0.30, at: str = "median", threshold: float = 1.10) -> float:
+    """B 30% worse in ``share`` of blocks (clean sd ``sigma``); the median (or the mean of the
+    log ratios) at the bar."""
+    bad = rng.random((sims, blocks)) < share
+    x = rng.normal(0.0, sigma, (sims, blocks)) + np.where(bad, math.log1p(-drop), 0.0)
+    # the population's median / mean, by a large draw of the same mixture
+    big = np.random.default_rng(1).normal(0.0, sigma, 1 << 20) + np.where(
+        np.random.default_rng(2).random(1 << 20) < share, math.log1p(-drop), 0.0)
+    centre = float(np.median(big) if at == "median" else big.mean())
+    r = math.log(threshold) + x - centre
+    return float((judge_many(r, threshold, 0.95) == 1).mean())
+
+
+@dataclass(frozen=True)
+class SequentialResult:
+    false_accepts: float  # at the bar
+    power: float  # at the alternative
+    mean_blocks_null: float
+    mean_blocks_alt: float
+    decided_alt: float  # share of experiments decided (ACCEPT or REJECT) at the alternative
+
+
+def sequential_run(planned: int, sims: int, rng: np.random.Generator, *, spending: Spending | None,
+                   min_blocks: int = 2, sigma: float = 0.05, threshold: float = 1.10, alternative: float = 1.25,
+                   kind: str = "normal", resolution: float = 0.0) -> SequentialResult:
+    """One bar, ABBA looks every 2 blocks (``spending`` None: a fixed design of ``planned``)."""
+    looks = [planned] if spending is None else look_blocks(planned, min_blocks, 2)
+    share = [1.0] if spending is None else shares(looks, planned, 0.05, spending)
+    out = []
+    for truth in (threshold, alternative):
+        r = math.log(truth) + median_noise(rng, kind, (sims, planned), sigma)
+        verdict = np.zeros(sims, dtype=np.int8)
+        used = np.full(sims, planned)
+        open_ = np.ones(sims, dtype=bool)
+        for n, s in zip(looks, share, strict=True):
+            v = judge_many(r[:, :n], threshold, 0.95, resolution=resolution, accept_confidence=1 - 0.05 * s)
+            stop = open_ & (v != 0)
+            verdict[stop] = v[stop]
+            used[stop] = n
+            open_ &= v == 0
+        out.append((float((verdict == 1).mean()), float(used.mean()), float((verdict != 0).mean())))
+    (fa, blocks_null, _), (pw, blocks_alt, decided) = out
+    return SequentialResult(fa, pw, blocks_null, blocks_alt, decided)
+
+
+def retry_selection(sims: int, rng: np.random.Generator, *, sigma_arm: float = 0.03, void_base: float = 0.05,
+                    void_low: float = 0.30, retries: int = 2) -> float:
+    """Mean ln bias of B/A kept runs when a guard voids a run more often when its capacity came
+    out low (``void_low`` below -1 sd, ``void_base`` otherwise) and it is retried until valid:
+    only B's runs are so selected (the worst case: A's selection would cancel it)."""
+    kept = np.zeros(sims)
+    pending = np.ones(sims, dtype=bool)
+    for attempt in range(retries + 1):
+        z = rng.standard_normal(sims)
+        p = np.where(z < -1.0, void_low, void_base)
+        ok = pending & ((rng.random(sims) >= p) | (attempt == retries))
+        kept[ok] = sigma_arm * z[ok]
+        pending &= ~ok
+    return float(kept.mean())
