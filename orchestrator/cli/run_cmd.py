@@ -163,6 +163,7 @@ def _verdict_lines(v: dict) -> list[str]:
     lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
              f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
     lines.append(f"    interval: {v['label']}")
+    lines += _rule_lines(v)
     used = v.get("blocks_used")
     if used is not None:
         lines.append("    blocks used: " + (", ".join(str(b) for b in used) if used else "none"))
@@ -171,6 +172,38 @@ def _verdict_lines(v: dict) -> list[str]:
     if v["note"]:
         lines.append(f"    note: {v['note']}")
     return lines
+
+
+def _pct(x: float) -> str:
+    return f"{100 * math.expm1(x):+.2f}%"
+
+
+def _rule_lines(v: dict) -> list[str]:
+    """The verdict's rule in words (issue 31): its estimand, the carry-over estimate, a
+    sequential stop and the attempts voided per arm (stored with the verdict's evidence)."""
+    out = []
+    if v.get("estimand"):
+        floor = f"; the search's resolution {_pct(v['resolution'])} on each end" if v.get("resolution") else ""
+        out.append(f"    estimand: the {v['estimand']}{floor}")
+    co = v.get("carryover")
+    if co and co.get("estimate") is not None:
+        if co.get("lower") is None:
+            out.append(f"    carry-over: order effect {_pct(co['estimate'])} (not estimable: fewer than 2 blocks each way)")
+        else:
+            out.append(f"    carry-over: order effect {_pct(co['estimate'])} ({_pct(co['lower'])}..{_pct(co['upper'])}; "
+                       f"bound +-{100 * math.expm1(co['bound']):.2g}%{': EXCEEDED' if co.get('exceeds') else ''})")
+    seq = v.get("sequential")
+    if seq:
+        saved = seq.get("gpu_hours_saved")
+        what = (f"stopped at look {seq['look']} of {seq['looks']}: {seq['blocks']} of {seq['planned']} blocks run"
+                + (f", {saved:.2f} GPU-hours saved" if saved is not None else "")) if seq.get("stopped") else \
+            f"look {seq['look']} of {seq['looks']} at {seq['blocks']} of {seq['planned']} blocks ({seq['spending']})"
+        out.append(f"    sequential: {what}")
+    voided = {a: n for a, n in (v.get("voided_attempts") or {}).items() if n}
+    if voided:
+        out.append("    voided attempts (retried or block left out): "
+                   + ", ".join(f"{a} {n}" for a, n in sorted(voided.items())))
+    return out
 
 
 def _fallback_label(lower: float | None, upper: float | None, confidence: float, compare: str = "B/A") -> str:

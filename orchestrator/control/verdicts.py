@@ -219,8 +219,8 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
         out: list[OrderEffect | None] = []
         for bar, rs in zip(plan.bars, ratios, strict=True):
             den, num = _den_num(bar)
-            pts = [(blk, r) for blk, r in rs.items() if (limit is None or blk < limit) and not isinstance(r, BlockRatio)
-                   and math.isfinite(r)]
+            pts = [(blk, x) for blk, r in rs.items() if (limit is None or blk < limit)
+                   and math.isfinite(x := _point(r))]
             after = [orders[blk].index(num) > orders[blk].index(den) for blk, _ in pts]
             out.append(order_effect([r for _, r in pts], after, bar.confidence,
                                     math.log1p(plan.design.carryover.bound), (den, num)))
@@ -236,8 +236,6 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
                        + ("verdict void (INCONCLUSIVE); rerun with a settle period or a cache reset between arms"
                           if plan.design.carryover.action == "void" else "warned (registered action: warn)"))
                 j = replace(j, note=f"{j.note}; {why}" if j.note else why)
-            elif oe is not None:
-                j = replace(j, note=f"{j.note}; carry-over: {oe.describe()}" if j.note else f"carry-over: {oe.describe()}")
             out.append(j)
         return out
 
@@ -276,6 +274,13 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
     return out
 
 
+def _point(r: float | BlockRatio) -> float:
+    """A block's ln ratio when it is a point (nan for a censored or unconverged block)."""
+    if isinstance(r, BlockRatio):
+        return r.interval[0] if r.is_point else math.nan
+    return r
+
+
 def _blocks_run(store: StoreLike, experiment_id: int, plan: Plan) -> int:
     """How many of the planned blocks, from the first, have every arm's run finished."""
     done = {(r.block, r.arm) for r in store.runs(experiment_id) if r.finished}
@@ -296,14 +301,14 @@ def _voided_attempts(store: StoreLike, experiment_id: int) -> dict[str, int]:
 
 
 def _gpu_hours_saved(store: StoreLike, experiment_id: int, plan: Plan, look: Look) -> float | None:
-    """The planned blocks a sequential stop did not run, priced at the GPU-hours its blocks took."""
-    spent = 0.0
-    for r in store.runs(experiment_id):
-        if r.block < look.blocks and r.finished_at is not None:
-            spent += (r.finished_at - r.started_at).total_seconds() * plan.arm(r.arm).gpus / 3600.0
-    if look.blocks <= 0:
-        return None
-    return spent / look.blocks * (look.planned - look.blocks)
+    """The planned blocks a sequential stop did not run, priced at what its blocks took: each
+    run's load points at the plan's point windows (warm-up, measurement, cool-down) on the arm's
+    GPUs, every attempt included (the same price in virtual time as on a cluster; deploys not
+    counted)."""
+    window_h = (plan.search.point_s + plan.search.warmup_s + plan.search.cooldown_s) / 3600.0
+    spent = sum(len(store.points(r.id)) * window_h * plan.arm(r.arm).gpus
+                for r in store.runs(experiment_id) if r.block < look.blocks)
+    return spent / look.blocks * (look.planned - look.blocks) if look.blocks > 0 else None
 
 
 def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> bool:
