@@ -1,38 +1,33 @@
 """The statistics of a bar (DESIGN section 10). Pure: numpy and scipy only.
 
-Unit = one block (one run of each arm, back to back). Per block r_b = ln(C_B / C_A). A bar is
-judged with one-sided bounds on the mean of r_b:
+Unit = one block (one run of each arm, back to back). Per block r_b = ln(C_B / C_A). **The
+estimand** (issue 31) is the median block ratio: the ratio a typical block shows, half the blocks
+above it and half below; under symmetric block noise it is the geometric mean. A bar is judged
+with one-sided bounds on it:
 
 - ``at_least`` T: ACCEPT if exp(lower bound) > T; REJECT if exp(upper bound) < T.
 - ``at_most`` T (regression gate): ACCEPT if exp(upper bound) < T; REJECT if exp(lower) > T.
 - otherwise INCONCLUSIVE. Fewer than 2 blocks is INCONCLUSIVE, never ACCEPT: one pair of runs
   carries no estimate of its own spread (DESIGN section 9, guard 10).
 
-**The bound** is mean(r) -/+ c * s / sqrt(n), with two guards against a measurement that fools
-a plain Student t bound:
+**The bound** is location -/+ (c * scale + resolution) (``analysis.critical`` owns the
+statistic and c): the mean of the r_b up to 9 blocks, a trimmed mean beyond, with c the worst
+case over normal, t(3) and 15%-contaminated block noise each centred at its median. Centred where
+the estimand is, a skewed shape no longer forces a wide bound: each end covers 95-97.5% at a 95%
+promise (the geometric-mean rule, ``ROBUST``, covered 99.2-99.8% under normal noise and needed
+twice the blocks for the same power). Two floors:
 
-- *Skewed blocks.* With left-skewed block noise (arm B occasionally has a bad block) the sample
-  mean and the sample spread move together: the blocks that happened to be clean look tight and
-  high, and a Student t bound accepts a bar it does not meet far more often than 1 - confidence
-  (0.07 to 0.16 in the audit of issue 17). The default method (``ROBUST``) takes the critical
-  value c as the worst case over a registered family of block-noise shapes (``NOISE_FAMILY``):
-  normal; Student t(3); 15% of blocks contaminated (shifted by 5.5 spreads of the clean
-  blocks); and an exponential tail (normal noise plus an exponential loss 7x as wide) - each
-  also mirrored, so an arm A with bad blocks is covered as well. The quantiles of the
-  studentised mean under each shape come from a seeded Monte Carlo (``_null_t``, cached per
-  block count; the t statistic is free of location and scale, so the family is described by
-  shapes alone). ``STUDENT_T`` keeps the classic bound, for comparison only.
-- *Zero spread.* The per-block spread is floored at the measurement's resolution
-  (``SD_FLOOR``, 0.01 in ln units, settable per call): identical block ratios are not
-  certainty.
+- *Zero spread.* The per-block spread is floored at ``SD_FLOOR`` (0.01 in ln units): identical
+  block ratios are not certainty.
+- *Resolution.* An error every block may share (a capacity search's precision: its bracket is
+  2% wide, and the same curve bends the same way in every block) does not average away: it
+  widens each end by itself whatever the number of blocks (``resolution``; the verdict passes
+  ln(1 + search.precision) for a capacity bar). No number of blocks decides a bar closer than
+  the search can resolve.
 
-What that costs and buys (``benchmarks/verdict_calibration.py`` prints the table; the
-calibration tests assert it): false accepts at the bar stay <= 1 - confidence + 0.01 for all
-four shapes at 3, 5 and 10 blocks, and also for a pure exponential (no symmetric noise at all,
-outside the family); the power at a true ratio of 1.25 against a 1.10 bar (sigma 0.05,
-5 blocks) is about 0.82 instead of 0.998. A shape outside the family can still fool it: 15% of
-blocks shifted by 10 clean spreads is indistinguishable, in 5 blocks, from a clean design
-(44% of 5-block samples contain no bad block at all); no bound on 5 numbers can see it.
+``benchmarks/verdict_calibration.py`` prints the coverage, false accepts, power, carry-over,
+skewed-block, retry and sequential figures (part 0); ``ROBUST`` and ``STUDENT_T`` stay for
+verdicts stored before and for comparison.
 
 **Censored capacities.** A block whose capacity is censored (below the search's lowest rate,
 above its highest, at the load generator's ceiling) or unconverged gives no point ratio, only
