@@ -55,7 +55,7 @@ ROBUST_FAMILY: tuple[str, ...] = (
 )
 # Monte Carlo draws per block count and its seed. ROBUST simulates up to _MC_MAX_N blocks and
 # extrapolates beyond (the excess over Student t shrinks as 1/sqrt(n)); MEDIAN simulates every
-# count a plan allows (its trim changes with n, so there is nothing to extrapolate).
+# count a plan allows (its trim changes with n) and extrapolates only for a power analysis.
 _MC_DRAWS = 1 << 17
 _MC_MAX_N = 40
 _MC_SEED = 20_260_517
@@ -168,8 +168,6 @@ def _check(n: int, method: Method) -> None:
         raise ValueError("a critical value needs at least 2 blocks")
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)} (got {method!r})")
-    if method == MEDIAN and n > MAX_BLOCKS:
-        raise ValueError(f"at most {MAX_BLOCKS} blocks (got {n})")
 
 
 @lru_cache(maxsize=4096)
@@ -180,8 +178,11 @@ def critical_value(n: int, confidence: float, method: Method = MEDIAN) -> float:
     t = t_quantile(confidence, n - 1)
     if method == STUDENT_T:
         return t
-    if method == MEDIAN:
+    if method == MEDIAN and n <= MAX_BLOCKS:
         return _upper_quantile(_null_median(n), confidence)
+    if method == MEDIAN:  # a power analysis past any plan's blocks: the excess shrinks as 1/sqrt(n)
+        excess = max(_upper_quantile(_null_median(MAX_BLOCKS), confidence) - t_quantile(confidence, MAX_BLOCKS - 1), 0.0)
+        return t + excess * math.sqrt(MAX_BLOCKS / n)
     if n <= _MC_MAX_N:
         return max(t, _upper_quantile(_null_t(n), confidence))
     excess = max(_upper_quantile(_null_t(_MC_MAX_N), confidence) - t_quantile(confidence, _MC_MAX_N - 1), 0.0)
@@ -197,9 +198,9 @@ def tail_probability(t: float, n: int, method: Method = MEDIAN) -> float:
     p_t = float(special.stdtr(n - 1, -t))  # Student t's survival function (the fast ufunc)
     if method == STUDENT_T:
         return p_t
-    if method == MEDIAN:
+    if method == MEDIAN and n <= MAX_BLOCKS:
         return _upper_tail(_null_median(n), t)
-    if n <= _MC_MAX_N:
+    if method == ROBUST and n <= _MC_MAX_N:
         return max(p_t, _upper_tail(_null_t(n), t))
     # Beyond the simulated block counts: invert critical_value (monotone in the confidence).
     lo, hi = 1e-9, 1.0 - 1e-9

@@ -10,7 +10,7 @@ import math
 
 from scipy import stats as sps
 
-from orchestrator.analysis.stats import ROBUST, Direction, Method, check_bar, critical_value
+from orchestrator.analysis.stats import MEDIAN, Direction, Method, check_bar, critical_value
 
 # A power analysis that needs more blocks than this is reported as infeasible.
 MAX_BLOCKS = 10_000
@@ -23,7 +23,8 @@ def accept_probability(
     threshold: float,
     confidence: float,
     direction: Direction = "at_least",
-    method: Method = ROBUST,
+    method: Method = MEDIAN,
+    resolution: float = 0.0,
 ) -> float:
     """P(ACCEPT) with ``n`` blocks of normal log-ratio noise ``sigma`` (noncentral t at the
     method's critical value; the spread floor is ignored, which is exact for sigma >> floor)."""
@@ -35,6 +36,7 @@ def accept_probability(
     delta = math.log(true_ratio) - math.log(threshold)
     if direction == "at_most":
         delta = -delta
+    delta -= resolution  # the resolution widens the end the test needs
     ncp = delta / (sigma / math.sqrt(n))
     return float(sps.nct.sf(critical_value(n, confidence, method), n - 1, ncp))
 
@@ -46,7 +48,8 @@ def blocks_needed(
     confidence: float,
     power: float = 0.8,
     direction: Direction = "at_least",
-    method: Method = ROBUST,
+    method: Method = MEDIAN,
+    resolution: float = 0.0,
 ) -> int:
     """Smallest number of blocks (>= 2) whose ACCEPT probability is at least ``power``.
 
@@ -56,15 +59,17 @@ def blocks_needed(
     check_bar(threshold, confidence, direction)
     if not 0 < power < 1:
         raise ValueError(f"power must be in (0, 1) (got {power})")
-    clears = true_ratio > threshold if direction == "at_least" else true_ratio < threshold
+    margin = math.log(true_ratio / threshold) * (1 if direction == "at_least" else -1)
+    clears = margin > resolution
     if not clears:
         raise ValueError(
-            f"a true ratio of {true_ratio:g} does not clear the bar ({direction} {threshold:g}); "
-            "no number of blocks gives power above 1 - confidence"
+            f"a true ratio of {true_ratio:g} does not clear the bar ({direction} {threshold:g}) by more than the "
+            f"search's resolution ({100 * math.expm1(resolution):.2g}%); no number of blocks gives power above "
+            "1 - confidence"
         )
 
     def ok(n: int) -> bool:
-        return accept_probability(n, sigma, true_ratio, threshold, confidence, direction, method) >= power
+        return accept_probability(n, sigma, true_ratio, threshold, confidence, direction, method, resolution) >= power
 
     hi = 2
     while not ok(hi):

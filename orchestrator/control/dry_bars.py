@@ -160,7 +160,8 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
                 raise ValueError(clean.reason().removeprefix("block 0: "))
             if not spread > 0:
                 raise ValueError("no spread between blocks in the model: power is 0 or 1")
-            n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction)
+            n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction,
+                                     resolution=resolution[i])
         except ValueError as e:
             note = str(e)
         out.append(BarPrediction(
