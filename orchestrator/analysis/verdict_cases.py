@@ -72,13 +72,15 @@ def power(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, true_r
 
 
 def carryover_false_accepts(blocks: int, sims: int, rng: np.random.Generator, *, sigma: float, carry: float = 0.03,
-                            bound: float = 0.0, void: bool = True, threshold: float = 1.0) -> tuple[float, float]:
+                            bound: float = 0.0, void: bool = True, threshold: float = 1.0,
+                            resolution: float = 0.0) -> tuple[float, float]:
     """ABBA; the run right after B is ``carry`` slower inside a block (so B-then-A blocks read
     ln(B/A) ``carry`` high); the true ratio at the bar. (false accepts, share voided) with the
-    carry-over rule voiding (``void``) or not."""
+    carry-over rule voiding (``void``) or not; ``resolution``: a capacity bar's search
+    resolution on each end."""
     after = np.array([b % 2 == 0 for b in range(blocks)])  # AB blocks: B after A
     r = math.log(threshold) + rng.normal(0.0, sigma, (sims, blocks)) + np.where(after, 0.0, carry)
-    accept = judge_many(r, threshold, 0.95) == 1
+    accept = judge_many(r, threshold, 0.95, resolution=resolution) == 1
     diff, half = welch_rows(r[:, after], r[:, ~after], 0.95)
     b = math.log1p(bound)
     voided = (diff - half > b) | (diff + half < -b)
