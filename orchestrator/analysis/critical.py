@@ -57,7 +57,8 @@ ROBUST_FAMILY: tuple[str, ...] = (
 # extrapolates beyond (the excess over Student t shrinks as 1/sqrt(n)); MEDIAN simulates every
 # count a plan allows (its trim changes with n) and extrapolates only for a power analysis.
 _MC_DRAWS = 1 << 17
-_MEDIAN_DRAWS = 1 << 18  # the median rule's quantiles set coverage to within +-0.001_MC_MAX_N = 40
+_MEDIAN_DRAWS = 1 << 18  # the median rule's quantiles set coverage to within +-0.001
+_MC_MAX_N = 40
 _MC_SEED = 20_260_517
 _MEDIAN_SEED = 20_261_206
 MAX_BLOCKS = 100
