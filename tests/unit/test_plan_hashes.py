@@ -30,6 +30,7 @@ REGISTERED: dict[str, str] = {
     "examples/vllm-vs-sglang.yaml": "45237120e39fde34cfc6e26d033ed79718cc37b80b5e5570f08cb0d3f84545e0",
     "tests/e2e/plans/k8s-quickstart.yaml": "2ab15a2ce80495b4b03d648b74adafd1e673d5eb66c6b55ae943d99074f87ff1",
     "tests/e2e/plans/two-vs-one.yaml": "e9bcb57bc33a15e73527b865087c1ef4c240dc9e969eb110c08531861c33858d",
+    "tests/e2e/plans/two-vs-one-sequential.yaml": "e68a70bce466544de378f799c12a1567213b60179866ab43ef959f8d90e5260a",
 }
 
 
