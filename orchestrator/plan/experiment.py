@@ -157,7 +157,8 @@ class Bar(StrictModel):
     confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
     rate: float | None = Field(
         default=None, gt=0, le=100_000,
-        description="goodput_at / attainment_at: offered rate, requests/s (at most 100000); open "
+        description="goodput_at / attainment_at: offered rate, requests/s (sessions/s for live "
+        "sessions; at most 100000); open "
         "loop only: a closed-loop plan is judged at its N users.",
     )
 
