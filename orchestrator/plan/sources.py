@@ -48,7 +48,8 @@ class DataSource(StrictModel):
 
     kind: Literal["prompts", "trace"] = Field(
         description="prompts: JSONL prompts or chat conversations (ShareGPT accepted); trace: "
-        "JSONL of timestamp (ms), input_length, output_length, hash_ids."
+        "JSONL of timestamp (ms), input_length, output_length, hash_ids (and session_id, delay "
+        "for a multi-turn trace replayed with `sessions`)."
     )
     path: str = Field(min_length=1, max_length=4096, description="Path of the file.")
     sha256: str | None = Field(

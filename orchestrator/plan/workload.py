@@ -198,8 +198,9 @@ class Workload(StrictModel):
         default=None,
         description="The user's own data: a prompts file (lengths and content from it) or a trace "
         "(arrivals, lengths and shared blocks from it, replayed scaled to the search's rate; "
-        "`arrival` then stands in for it only in the virtual-time dry run). Without `prompts` "
-        "or `output_tokens`, their means come from the file.",
+        "`arrival` then stands in for it only in the virtual-time dry run). With `sessions`, the "
+        "file's conversations (or a trace's `session_id`s) are replayed as live sessions. Without "
+        "`prompts` or `output_tokens`, their means come from the file.",
     )
 
     tokenizer: PromptTokenizer | None = Field(

@@ -136,6 +136,15 @@ def test_a_multi_turn_sharegpt_file_is_replayed_as_sessions(tmp_path: Path, monk
         assert code == 0, rerr
         page = (tmp_path / "report" / "index.html").read_text()
         assert "at 1.0 sessions/s" in page and "<th>at, sessions/s</th>" in page and "req/s" not in page
+        assert "<th>rate, sessions/s</th>" in page  # the report's Pareto table of this workload
+        # History's Pareto table and the dry run name the unit too.
+        code, pout, _ = orch_here("capacity", "--pareto", env={"COLUMNS": "250"}, monkeypatch=monkeypatch,
+                                  capsys=capsys)
+        assert code == 0 and "sessions/s" in pout and "req/s" not in pout, pout
+        code, sout, serr = orch_here("plan", "simulate", str(plan_file), "--replications", "3", env={},
+                                     monkeypatch=monkeypatch, capsys=capsys)
+        assert code == 0, serr
+        assert "tok/s at" in sout and "sessions/s" in sout and "req/s" not in sout, sout
     finally:
         store.close()
 

@@ -5,6 +5,7 @@ each later turn built from the live reply and due by the rule its data states (p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ def test_a_chat_file_keeps_tool_and_greeting_messages_and_joins_consecutive_repl
 def test_a_malformed_conversation_file_is_refused_at_its_record(tmp_path: Path, text: str, where: str) -> None:
     f = tmp_path / "bad.jsonl"
     f.write_text(text)
-    with pytest.raises(DataFileError, match=where.replace("[", r"\[").replace("`", "`")):
+    with pytest.raises(DataFileError, match=re.escape(where)):
         read_conversations(f)
 
 
