@@ -242,3 +242,15 @@ def test_virtual_sessions_send_each_later_turn_after_the_reply_before_it(tmp_pat
         assert prev.last_token_s is not None
         assert rec.scheduled_s == pytest.approx(prev.last_token_s + 0.25)
         assert rec.prompt_tokens > prev.prompt_tokens + (prev.output_tokens or 0)
+
+
+@pytest.mark.parametrize(("kind", "name", "turns"), [("prompts", "sharegpt_sessions.json", 3),
+                                                     ("trace", "mooncake_sessions.jsonl", 2)])
+def test_the_sample_session_files_load_as_the_readme_shows(kind: str, name: str, turns: int) -> None:
+    from tests.unit.test_workload_closed import ROOT
+
+    plan = _plan(ROOT / "examples" / "data" / name, kind)
+    w = plan.workload
+    assert w.kind == "sessions" and w.prompts.turns == turns and w.prompts.conversations > 30
+    book = point_sessions(w, seed=1)
+    assert book.stride > turns and len(book.starts(rate=1.0, duration_s=30.0)) > 10
