@@ -314,13 +314,14 @@ def _pin_source(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(path, str) or not path:
         return data  # the field's own validation reports it
     sessions = isinstance(data.get("sessions"), dict)
+    pinned = src.get("sha256") is not None  # a registered plan read back: the file may be elsewhere
     try:
-        if src.get("sha256") is None:
+        if not pinned:
             src["sha256"] = file_sha256(path)
-        if sessions:
-            return _session_lengths({**data, "source": src})
-        if "prompts" in data and "output_tokens" in data:
+        if "prompts" in data and "output_tokens" in data and (pinned or not sessions):
             return {**data, "source": src}
+        if sessions:  # checked to have sessions when first pinned (and by the plan file's loader)
+            return _session_lengths({**data, "source": src})
         stats = source_stats(DataSource.model_validate({**src, "sha256": None}))
     except DataFileError as e:
         raise CrossFieldError([("source.path", str(e))]) from None

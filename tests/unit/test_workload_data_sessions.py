@@ -254,3 +254,15 @@ def test_the_sample_session_files_load_as_the_readme_shows(kind: str, name: str,
     assert w.kind == "sessions" and w.prompts.turns == turns and w.prompts.conversations > 30
     book = point_sessions(w, seed=1)
     assert book.stride > turns and len(book.starts(rate=1.0, duration_s=30.0)) > 10
+
+
+def test_a_registered_session_plan_reads_back_without_its_file(tmp_path: Path) -> None:
+    """`orch status`, `orch report` and `orch verdict` read the registered plan on machines that
+    may not have the data file: the pinned plan parses as it was registered."""
+    from orchestrator.plan import canonical_json, plan_from_canonical
+
+    f = _write_array(tmp_path / "sharegpt.json", _sharegpt())
+    plan = _plan(f, "prompts")
+    f.unlink()
+    back = plan_from_canonical(canonical_json(plan))
+    assert plan_hash(back) == plan_hash(plan) and back.workload.prompts.turns == 2
