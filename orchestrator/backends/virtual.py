@@ -38,7 +38,8 @@ from orchestrator.engines import EngineAdapter, engine_for
 from orchestrator.errors import PermanentError, TransientError, UserError
 from orchestrator.loadgen.runner import STOPPED_EARLY, PointSummary, Sink, StopCheck, summarize
 from orchestrator.loadgen.schedules import derive_seed
-from orchestrator.loadgen.workloads import RequestSpec, SessionScript
+from orchestrator.loadgen.session_scripts import SessionScript
+from orchestrator.loadgen.workloads import RequestSpec
 from orchestrator.plan import Plan, Workload
 from orchestrator.records import ERROR_STATUSES, RequestRecord
 from orchestrator.sim.engine import ClusterSpec, Windows, cluster_for_arm, output_hash
@@ -322,16 +323,22 @@ class _ServedSessions:
     """A session script as a faulty server serves it; ``asked`` keeps each turn as sent."""
 
     def __init__(self, script: SessionScript, faults: Faults):
-        self.script, self.faults, self.turns = script, faults, script.turns
+        self.script, self.faults = script, faults
         self.asked: list[RequestSpec] = []
+
+    def turns_of(self, session: int) -> int:
+        return self.script.turns_of(session)
+
+    def done(self, session: int) -> None:
+        self.script.done(session)
 
     def request(self, session: int, turn: int, reply_tokens: int) -> RequestSpec:
         spec = self.script.request(session, turn, reply_tokens)
         self.asked.append(spec)
         return _as_served(spec, self.faults)
 
-    def think_s(self, session: int, turn: int) -> float:
-        return self.script.think_s(session, turn)
+    def due_s(self, session: int, turn: int, prev_due_s: float, reply_end_s: float) -> float:
+        return self.script.due_s(session, turn, prev_due_s, reply_end_s)
 
 
 def _as_served(spec: RequestSpec, faults: Faults) -> RequestSpec:

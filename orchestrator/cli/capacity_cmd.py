@@ -23,6 +23,7 @@ from orchestrator.plan import (
     kind_of_doc,
     load_plan_file,
 )
+from orchestrator.plan.signature import rate_unit_of_summary
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -209,7 +210,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
 
     table = Table(title="Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
                   title_justify="left", header_style="bold")
-    for name in ("#", "model", "workload", "source", "configuration", "rate req/s", "tok/s per user", "TPOT p50 ms",
+    for name in ("#", "model", "workload", "source", "configuration", "rate", "tok/s per user", "TPOT p50 ms",
                  "tok/s per GPU"):
         table.add_column(name, no_wrap=name not in ("configuration", "workload"))
     previous = None
@@ -221,7 +222,8 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
             table.add_section()
         previous = key
         _row(table, str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
-                      "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
+                      "SIMULATED" if r["simulated"] else "measured", r["label"],
+                      f"{r['offered_rate']:.3g} {rate_unit_of_summary(str(r['workload']))}",
                       f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
     _console().print(table)
     if drawn is not None:

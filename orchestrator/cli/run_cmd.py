@@ -31,12 +31,12 @@ def _num(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
-def _outcome_doc(store: StoreLike, out: ExperimentOutcome) -> dict:
+def _outcome_doc(store: StoreLike, out: ExperimentOutcome, rate_unit: str) -> dict:
     runs = store.runs(out.experiment_id)
     return {
         "experiment": {"id": out.experiment_id, "name": out.experiment_name,
                        "registration_id": out.registration_id, "sha256": out.sha256,
-                       "resumed": out.resumed, "complete": out.complete},
+                       "resumed": out.resumed, "complete": out.complete, "rate_unit": rate_unit},
         "verdicts": [_judged_row(o) for o in out.bars],
         "runs": [
             {"id": r.id, "block": r.block, "arm": r.arm, "position": r.position, "attempt": r.attempt,
@@ -60,7 +60,7 @@ def _print_outcome(doc: dict) -> None:
     if not doc["verdicts"]:
         say("  (the plan has no bars)")
     for v in doc["verdicts"]:
-        for line in _verdict_lines(v):
+        for line in _verdict_lines(v, e.get("rate_unit", "req/s")):
             say(line)
     if not e["complete"]:
         say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
@@ -119,7 +119,7 @@ def run(
     with Store.open() as store:
         out = run_plan(plan, store, backend=backend, blocks=blocks, new=new, name=name, take_over=take_over,
                        shards=shards)
-        doc = _outcome_doc(store, out)
+        doc = _outcome_doc(store, out, plan.workload.rate_unit)
     emit_json(doc) if as_json else _print_outcome(doc)
 
 
@@ -141,7 +141,7 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     _check_power(plan, yes=False, allow_low_power=True)
     with Store.open() as store:
         out = run_plan(plan, store, new=True)
-        doc = _outcome_doc(store, out)
+        doc = _outcome_doc(store, out, plan.workload.rate_unit)
         say_url = store.engine.url.render_as_string(hide_password=True)
         report = write_report(store, out.experiment_id, state_dir() / "reports" / out.experiment_name)
     doc["report"] = str(report.resolve())
@@ -154,12 +154,12 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     say(f"report: {doc['report']}")
 
 
-def _verdict_lines(v: dict) -> list[str]:
+def _verdict_lines(v: dict, rate_unit: str) -> list[str]:
     """A verdict as text: the estimate against the bar, exactly what the interval is (the
     label), the blocks used, and every censored or dropped block with why."""
     est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
     cmp_ = ">=" if v["direction"] == "at_least" else "<="
-    what = v["metric"] + (f" at {v['rate']:g} req/s" if v.get("rate") is not None else "")
+    what = v["metric"] + (f" at {v['rate']:g} {rate_unit}" if v.get("rate") is not None else "")
     lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
              f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
     lines.append(f"    interval: {v['label']}")
@@ -255,6 +255,7 @@ def _experiment_doc(store: StoreLike, key: str) -> tuple[dict, int]:
     doc = {
         "experiment": {"id": exp.id, "name": exp.name, "registration_id": reg.id, "sha256": reg.sha256,
                        "status": exp.status, "complete": complete, "resumed": False,
+                       "rate_unit": plan.workload.rate_unit,
                        "blocks_started": len({r.block for r in runs}), "blocks_planned": plan.design.blocks},
         "verdicts": verdicts,
         "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "position": r.position, "attempt": r.attempt,

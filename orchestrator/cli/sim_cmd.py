@@ -163,7 +163,7 @@ def simulate(
     for name, arm in result.arms.items():
         say(f"arm {name} ({arm.layout}, {arm.gpus} GPU): {arm.points_per_run} points per run")
         for cls, p in arm.classes.items():
-            rate = f"{p.at_rate:.3g} req/s" if p.at_rate is not None else "no passing rate"
+            rate = f"{p.at_rate:.3g} {plan.workload.rate_unit}" if p.at_rate is not None else "no passing rate"
             say(f"  {cls:<12} capacity {p.capacity_tok_s:9.0f} tok/s at {rate}"
                 + (f" (censored {p.censored})" if p.censored is not None else ""))
     for b in result.bars:

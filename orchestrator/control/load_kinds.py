@@ -25,10 +25,10 @@ from orchestrator.loadgen.client import Api
 from orchestrator.loadgen.datasets import content_prefix_hit_rate, point_load, requests_iter
 from orchestrator.loadgen.driver import LoadDriver
 from orchestrator.loadgen.runner import PointSummary, Sink, StopCheck
-from orchestrator.loadgen.schedules import open_loop_offsets, point_phases
+from orchestrator.loadgen.schedules import point_phases
+from orchestrator.loadgen.session_scripts import SessionScript, point_sessions
 from orchestrator.loadgen.workloads import (
     RequestSpec,
-    SessionScript,
     ideal_prefix_hit_rate,
     session_prefix_hit_rate,
 )
@@ -204,12 +204,12 @@ class SessionsLoad(LoadKind):
     stoppable = False
 
     def point(self, plan: Plan, block: int, rate: float | None, repeat: int, attempt: int) -> LoadPoint:
-        assert rate is not None and plan.workload.arrival is not None  # sessions start on the clock
+        assert rate is not None
         s = plan.search
         seed = point_seed(plan.design.seed, block, rate, repeat, attempt)
         duration = s.warmup_s + s.point_s + s.cooldown_s
         return LoadPoint(seed, rate, duration, s.warmup_s, s.point_s,
-                         starts=open_loop_offsets(plan.workload.arrival, rate, duration, seed))
+                         starts=data(_starts, plan.workload, seed, rate, duration))
 
     def run(self, plan: Plan, driver: LoadDriver, pt: LoadPoint, send: Send, *, shards: int = 1,
             sharded: ShardedRun | None = None, stop_when: StopCheck | None = None,
@@ -222,6 +222,17 @@ class SessionsLoad(LoadKind):
         pt.requests = sorted(sent, key=lambda spec: spec.request_id)
         return summary
 
+    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float) -> list[RequestSpec]:
+        if plan.workload.source is None:
+            return super().warm_up(plan, driver, send, seed, seconds)
+        # A file's sessions warm up as sessions (a multi-turn trace's later turns are not
+        # requests of their own), at the lowest search rate, all of it warm-up.
+        rate = max(plan.search.rate.min, 2.0 / seconds)
+        sent: list[RequestSpec] = []
+        driver.sessions(send.url, send.model, plan.workload, data(_starts, plan.workload, seed, rate, seconds),
+                        seed=seed, duration_s=seconds, warmup_s=seconds, measure_s=None, sent=sent, **send.kwargs())
+        return sent
+
     def ideal_hit_rate(self, requests: Sequence[RequestSpec], seen_blocks: set[int]) -> float:
         return session_prefix_hit_rate(requests)
 
@@ -233,13 +244,17 @@ class SessionsLoad(LoadKind):
 
     def simulate(self, plan: Plan, cluster: ClusterSpec, rate: float, windows: Windows,
                  drain_s: float, seed: int) -> tuple[list[RequestRecord], float, int, float]:
-        assert plan.workload.arrival is not None
-        offsets = open_loop_offsets(plan.workload.arrival, rate, windows.total_s, seed)
+        offsets = _starts(plan.workload, seed, rate, windows.total_s)
         res = simulate_sessions(cluster, offsets, SessionScript(plan.workload, seed), windows,
                                 drain_s=drain_s, seed=seed)
         records = list(res.records)
         n = sum(1 for r in records if r.phase == "measure")
         return records, res.end_s, n, max((r.scheduled_s for r in records), default=0.0)
+
+
+def _starts(workload: Workload, seed: int, rate: float, duration_s: float) -> np.ndarray:
+    """When a point's sessions start: on the arrival clock, or a trace's (scaled) own times."""
+    return point_sessions(workload, seed).starts(rate, duration_s)
 
 
 class ClosedLoad(LoadKind):

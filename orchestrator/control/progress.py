@@ -300,10 +300,11 @@ def stored_progress(store: Any, key: int | str, now: datetime | None = None) -> 
                    + f": {len(pts)} point(s)")
         rows = [row.to_dict() for _, row in pts.iterrows()]
         measured = [(row, att) for row in rows if (att := _attainment(row))]
+        unit = plan.workload.rate_unit
         if rows and not _attainment(rows[-1]):  # opened, its records not in yet
-            current += f", measuring {_point_name(rows[-1])}"
+            current += f", measuring {_point_name(rows[-1], unit)}"
         if measured:
-            current += f", last {_point_name(measured[-1][0])}: attainment {measured[-1][1]}"
+            current += f", last {_point_name(measured[-1][0], unit)}: attainment {measured[-1][1]}"
         if not rows:
             current += ", deploying"
     s = plan.search
@@ -318,10 +319,10 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def _point_name(p: dict[str, Any]) -> str:
+def _point_name(p: dict[str, Any], unit: str) -> str:
     rate, users = p.get("offered_rate"), p.get("users")
     if isinstance(rate, int | float) and rate == rate:  # NaN: a closed-loop point
-        return f"{rate:.3g} req/s"
+        return f"{rate:.3g} {unit}"
     return f"{int(users)} users" if isinstance(users, int | float) and users == users else "point"
 
 

@@ -133,7 +133,7 @@ def dropped_blocks(store: StoreLike, experiment_id: int, plan: Plan, bar: Bar, r
             elif (b, arm) in runs:
                 if not math.isfinite(_value(store, caps, runs[(b, arm)], bar)):
                     what = (f"no capacity at class {bar.service_class}" if bar.metric == "capacity"
-                            else f"no valid point at {bar.rate:g} req/s" if bar.rate is not None
+                            else f"no valid point at {bar.rate:g} {plan.workload.rate_unit}" if bar.rate is not None
                             else "no valid closed-loop point")
                     why.append(f"arm {arm}: {what}")
             elif done := [r for r in mine if r.status == "done" and r.valid]:

@@ -127,9 +127,14 @@ def requests_iter(workload: Workload, seed: int) -> Iterator[RequestSpec]:
 def trace_offsets(trace: Sequence[TraceEntry], rate: float, duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(send offsets, row of the trace, copy number) of a point: the trace's arrivals scaled so
     its mean rate is ``rate``, repeated back to back until ``duration_s``."""
+    return scaled_times(np.array([r.t_s for r in trace], dtype=np.float64), rate, duration_s)
+
+
+def scaled_times(t: np.ndarray, rate: float, duration_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, index into ``t``, copy number): sorted times ``t`` (s, from 0) scaled so their
+    mean rate is ``rate``, repeated back to back until ``duration_s``."""
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration_s must be > 0")
-    t = np.array([r.t_s for r in trace], dtype=np.float64)
     n = len(t)
     span = float(t[-1] - t[0])
     natural = (n - 1) / span if n > 1 and span > 0 else rate
@@ -137,7 +142,7 @@ def trace_offsets(trace: Sequence[TraceEntry], rate: float, duration_s: float) -
     # One copy lasts its span plus one mean gap, so copies join at the trace's own pace.
     period = (span + (span / (n - 1) if n > 1 and span > 0 else 1.0 / natural)) * scale
     copies = int(np.ceil(duration_s / period)) if period > 0 else 1
-    offs = np.concatenate([t * scale + c * period for c in range(copies)])
+    offs = np.concatenate([(t - t[0]) * scale + c * period for c in range(copies)])
     rows = np.tile(np.arange(n), copies)
     copy = np.repeat(np.arange(copies), n)
     keep = offs < duration_s

@@ -26,8 +26,9 @@ from orchestrator.loadgen.runner import (
     _sleep_until,
     summarize,
 )
-from orchestrator.loadgen.schedules import phase_at, think_time
-from orchestrator.loadgen.workloads import LiveSession, RequestSpec, shared_prefix_words
+from orchestrator.loadgen.schedules import phase_at
+from orchestrator.loadgen.session_scripts import point_sessions
+from orchestrator.loadgen.workloads import RequestSpec
 from orchestrator.plan.workload import Workload
 from orchestrator.records import RequestRecord
 
@@ -53,17 +54,17 @@ async def run_sessions(
     headers: Mapping[str, str] | None = None,
     sent: list[RequestSpec] | None = None,
 ) -> PointSummary:
-    """Start session ``i`` at ``start + starts[i]`` and play its ``workload.prompts.turns`` turns
-    live. ``deadline_s`` (default ``duration_s + request_timeout_s``): what is still in flight is
+    """Start session ``i`` at ``start + starts[i]`` and play its turns live (the workload's
+    sessions: ``session_scripts.point_sessions``). ``deadline_s`` (default ``duration_s + request_timeout_s``): what is still in flight is
     cancelled (recorded). ``sent``, when given, collects every request spec as it is sent."""
     if workload.sessions is None:
         raise ValueError("the workload has no `sessions`")
     offs = np.asarray(starts, dtype=np.float64)
     if len(offs) and np.any(np.diff(offs) < 0):
         raise ValueError("session starts must be sorted")
-    think, turns = workload.sessions.think, workload.prompts.turns
+    book = point_sessions(workload, seed)
+    stride = book.stride
     measure = measure_s if measure_s is not None else max(duration_s - warmup_s, 1e-9)
-    prefix = shared_prefix_words(workload, seed)
     clock = Clock()
     transport = make_client(client, endpoint_url, model, api, clock, max_connections, headers)
     batcher = _Batcher(sink, 500, 1.0)
@@ -85,15 +86,15 @@ async def run_sessions(
             batcher.add(rec)
 
         async def session(i: int, due: float) -> None:
-            live = LiveSession(workload, i, seed, prefix)
-            spec, reply = live.first(i * turns), ""
-            for k in range(turns):
+            live = book.open(i)
+            spec, reply = live.first(i * stride), ""
+            for k in range(live.turns):
                 if k:
-                    due = time.perf_counter() + think_time(think, seed, i, k)
+                    due = live.due_s(k, due, time.perf_counter())
                     if due - t0 >= duration_s:
                         return  # due after the point: outside it, not scheduled
                     await _sleep_until(due, spin_s)
-                    spec = live.after_reply(reply, i * turns + k)
+                    spec = live.after_reply(reply, i * stride + k)
                 rec = record(spec, due)
                 if sent is not None:
                     sent.append(spec)
@@ -102,10 +103,10 @@ async def run_sessions(
                 if rec.status != "ok":
                     # The session cannot go on without its reply: its next turn, due as if the
                     # failure were the reply, is a miss (never dropped).
-                    if k + 1 < turns:
-                        nxt = time.perf_counter() + think_time(think, seed, i, k + 1)
+                    if k + 1 < live.turns:
+                        nxt = live.due_s(k + 1, due, time.perf_counter())
                         if nxt - t0 < duration_s:
-                            follow = live.after_reply("", i * turns + k + 1)
+                            follow = live.after_reply("", i * stride + k + 1)
                             unsent(follow, nxt, f"session ended: turn {k} {rec.status}")
                     return
                 reply = "".join(text)
@@ -114,7 +115,7 @@ async def run_sessions(
             target = t0 + float(off)
             if target >= deadline:
                 for j in range(i, len(offs)):  # never started before the deadline: recorded
-                    first = LiveSession(workload, j, seed, prefix).first(j * turns)
+                    first = book.open(j).first(j * stride)
                     unsent(first, t0 + float(offs[j]), "not sent before the end of the point")
                 break
             await _sleep_until(target, spin_s)

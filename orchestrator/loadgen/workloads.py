@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.loadgen.schedules import derive_seed, think_time
+from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan.workload import LengthDist, Workload
 
 # 256 short common English words: each is one token under common BPE vocabularies (with its
@@ -445,36 +445,3 @@ def ideal_prefix_hit_rate(requests: Sequence[RequestSpec]) -> float:
     """Upper bound: one cache that sees every request (perfect routing, no eviction)."""
     return expected_prefix_hit_rate(requests, 1, "round_robin")
 
-
-class SessionScript:
-    """Live sessions played without a server (virtual time, ``sim.engine.simulate_sessions``):
-    the turns ``loadgen.sessions.run_sessions`` builds, request ``session * turns + turn``, each
-    later turn carrying a reply of the length the server returned, its words drawn from (seed,
-    request) alone (a simulated reply has no text of its own)."""
-
-    def __init__(self, workload: Workload, seed: int):
-        if workload.sessions is None:
-            raise ValueError("the workload has no `sessions`")
-        self.workload, self.seed = workload, seed
-        self.turns = workload.prompts.turns
-        self.think = workload.sessions.think
-        self.prefix = shared_prefix_words(workload, seed)
-        self._live: dict[int, LiveSession] = {}
-
-    def request(self, session: int, turn: int, reply_tokens: int) -> RequestSpec:
-        """Turn ``turn`` of ``session``, after a reply of ``reply_tokens`` to the one before."""
-        rid = session * self.turns + turn
-        if turn == 0:
-            live = self._live[session] = LiveSession(self.workload, session, self.seed, self.prefix)
-            return live.first(rid)
-        live = self._live[session]
-        if turn == self.turns - 1:
-            del self._live[session]  # its last turn: nothing more to build
-        return live.after_reply(self.reply_text(rid - 1, reply_tokens), rid)
-
-    def think_s(self, session: int, turn: int) -> float:
-        return think_time(self.think, self.seed, session, turn)
-
-    def reply_text(self, request_id: int, n: int) -> str:
-        rng = np.random.default_rng(derive_seed(self.seed, "virtual-reply", request_id))
-        return " ".join(_VOCAB_ARR[rng.integers(0, len(VOCAB), max(0, n))].tolist())

@@ -77,8 +77,8 @@ def arm_names_problem(names: Any) -> str | None:
 class RateRange(StrictModel):
     """Bounds of the offered request rate the capacity search may try."""
 
-    min: float = Field(gt=0, le=100_000, description="Lowest rate, requests/s (at most 100000).")
-    max: float = Field(gt=0, le=100_000, description="Highest rate, requests/s (at most 100000).")
+    min: float = Field(gt=0, le=100_000, description="Lowest rate, requests/s or sessions/s (live sessions; at most 100000).")
+    max: float = Field(gt=0, le=100_000, description="Highest rate, requests/s or sessions/s (live sessions; at most 100000).")
 
     @model_validator(mode="after")
     def _ordered(self) -> RateRange:
@@ -90,7 +90,7 @@ class RateRange(StrictModel):
 class SearchSettings(StrictModel):
     """Capacity search: bracket then bisect the open-loop rate, one fixed-length point at a time."""
 
-    rate: RateRange = Field(description="Rate bounds, requests/s.")
+    rate: RateRange = Field(description="Rate bounds, requests/s (sessions/s for live sessions).")
     precision: float = Field(
         default=0.02, gt=0, lt=0.5, description="Stop when the bracket is this narrow (relative)."
     )
@@ -198,7 +198,8 @@ class Bar(StrictModel):
     confidence: float = Field(default=0.95, ge=0.5, lt=1, description="One-sided confidence.")
     rate: float | None = Field(
         default=None, gt=0, le=100_000,
-        description="goodput_at / attainment_at: offered rate, requests/s (at most 100000); open "
+        description="goodput_at / attainment_at: offered rate, requests/s (sessions/s for live "
+        "sessions; at most 100000); open "
         "loop only: a closed-loop plan is judged at its N users.",
     )
 

@@ -16,7 +16,13 @@ from yaml.composer import ComposerError
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
 from orchestrator.plan.experiment import SECTION_TYPES, Plan, arm_names_problem, cross_check
-from orchestrator.plan.sources import DataFileError, open_regular, read_bounded, source_stats
+from orchestrator.plan.sources import (
+    DataFileError,
+    open_regular,
+    read_bounded,
+    session_stats,
+    source_stats,
+)
 
 SCHEMA_VERSION = 1
 
@@ -60,7 +66,7 @@ def _named_files_problems(plan: Plan) -> list[Problem]:
     src, tok = plan.workload.source, plan.workload.tokenizer
     if src is not None:
         try:
-            source_stats(src)
+            session_stats(src) if plan.workload.sessions is not None else source_stats(src)
         except DataFileError as e:
             out.append(Problem("workload.source.path", str(e)))
     if tok is not None and tok.file is not None:

@@ -115,6 +115,12 @@ def summary_values(doc: dict[str, Any]) -> dict[str, Any]:
             "shared_prefix": prefix, "arrival": arrival[:40]}
 
 
+def rate_unit_of_summary(summary: str) -> str:
+    """What a stored point's rate counts, from its workload's summary (``summary_values``: a
+    live-sessions workload's arrival part ends in " sessions")."""
+    return "sessions/s" if any(p.endswith(" sessions") for p in summary.split(" / ")) else "req/s"
+
+
 def signature_of_doc(doc: dict[str, Any]) -> WorkloadSignature:
     """The signature of a workload dump (as ``Workload.model_dump(mode="json", by_alias=True)`` gives it,
     and as a registration's canonical JSON holds it)."""

@@ -8,9 +8,15 @@ Prompts (JSONL, one object a line; or one JSON array of such objects, as ShareGP
                                                        system turn before it) is the prompt, the
                                                        gpt reply after it gives the output length
   an optional "output_tokens" on any line sets that request's reply length.
+  Replayed as live sessions (``workload.sessions``), each conversation is one session: every
+  user turn is sent after the reply before it (``read_conversations``); a recorded reply gives
+  its turn's reply length.
 Trace (JSONL, the Mooncake trace's shape): {"timestamp": ms, "input_length": n,
   "output_length": n, "hash_ids": [block ids]}; requests sharing a hash id share that block of
-  their prompt (``block_tokens`` tokens each, 512 in Mooncake's traces).
+  their prompt (``block_tokens`` tokens each, 512 in Mooncake's traces). Multi-turn traces (as
+  AIPerf's Mooncake reader takes them) add "session_id" (the turns of one session, in file
+  order) and, on a later turn, "delay" (ms the user waits after the reply before it; such a
+  turn may leave out its timestamp).
 
 The file's sha256 is part of the registered plan (filled in when the plan is loaded): an edited
 file is a different plan, and a run refuses a file whose hash no longer matches.
@@ -20,10 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -41,7 +48,8 @@ class DataSource(StrictModel):
 
     kind: Literal["prompts", "trace"] = Field(
         description="prompts: JSONL prompts or chat conversations (ShareGPT accepted); trace: "
-        "JSONL of timestamp (ms), input_length, output_length, hash_ids."
+        "JSONL of timestamp (ms), input_length, output_length, hash_ids (and session_id, delay "
+        "for a multi-turn trace replayed with `sessions`)."
     )
     path: str = Field(min_length=1, max_length=4096, description="Path of the file.")
     sha256: str | None = Field(
@@ -72,6 +80,25 @@ class TraceEntry:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
+    session: str | None = None  # the record's session id, if it has one
+    delay_s: float | None = None  # a later turn's stated think time after the reply before it
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationTurn:
+    """One user turn of a conversation: the messages it adds (its user message, with any system
+    or tool message before it) and the length of the reply the file recorded after it."""
+
+    messages: tuple[tuple[str, str], ...]
+    reply_tokens: int | None  # None: the file records no reply to this turn
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A conversation of a prompts file, turn by turn (``at``: where it is in the file)."""
+
+    turns: tuple[ConversationTurn, ...]
+    at: str
 
 
 class DataFileError(ValueError):
@@ -253,27 +280,120 @@ def _int_field(path: str | Path, doc: dict, key: str, lo: int) -> int:
     return v
 
 
-def read_trace(path: str | Path) -> list[TraceEntry]:
+def _session_id(path: str | Path, doc: dict) -> str | None:
+    sid = doc.get("session_id")
+    if sid is None:
+        return None
+    if isinstance(sid, bool) or not isinstance(sid, str | int) or (isinstance(sid, str) and not sid.strip()):
+        raise DataFileError(f"{path} {doc['__at']}: session_id must be a non-empty string or an integer")
+    return str(sid)
+
+
+def _ms(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and 0 <= v < float("inf")
+
+
+def read_trace(path: str | Path, sessions: bool = False) -> list[TraceEntry]:
     """A trace's requests in arrival order, times in seconds from its first request. A trace
     is replayed as recorded: one whose timestamps go back is refused at the line (sorting it
-    silently would replay another trace)."""
+    silently would replay another trace). Read for sessions, a later turn of a session may give
+    ``delay`` instead of a timestamp (its time is then the turn before's plus the delay)."""
     rows: list[TraceEntry] = []
     last: tuple[float, str] | None = None
+    seen: dict[str, float] = {}  # session -> time of its latest turn, ms
     for doc in _lines(path):
-        ts = doc.get("timestamp")
-        if not isinstance(ts, int | float) or isinstance(ts, bool) or ts != ts or ts < 0:
-            raise DataFileError(f"{path} {doc['__at']}: timestamp must be a number >= 0 (ms)")
-        if last is not None and ts < last[0]:
-            raise DataFileError(f"{path} {doc['__at']}: timestamp {ts:g} ms is earlier than {last[1]}'s "
-                                f"{last[0]:g} ms; a trace is replayed in its own order: sort it by timestamp")
-        last = (float(ts), str(doc["__at"]))
+        at, sid, ts, delay = doc["__at"], _session_id(path, doc), doc.get("timestamp"), doc.get("delay")
+        if delay is not None and not _ms(delay):
+            raise DataFileError(f"{path} {at}: delay must be a number >= 0 (ms)")
+        if delay is not None and (sid is None or sid not in seen):
+            raise DataFileError(f"{path} {at}: delay is the wait after the reply before it: only a later "
+                                "turn of a session (an earlier line with its session_id) has one")
+        if ts is None and delay is not None and sid is not None and sessions:
+            ts = seen[sid] + float(delay)  # not an arrival of the file: no order to check
+        elif not _ms(ts):
+            raise DataFileError(f"{path} {at}: timestamp must be a number >= 0 (ms)")
+        else:
+            assert isinstance(ts, int | float)
+            if last is not None and ts < last[0]:
+                raise DataFileError(f"{path} {at}: timestamp {ts:g} ms is earlier than {last[1]}'s "
+                                    f"{last[0]:g} ms; a trace is replayed in its own order: sort it by timestamp")
+            last = (float(ts), str(at))
+        if sid is not None:
+            seen[sid] = float(ts)
         ids = doc.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
-            raise DataFileError(f"{path} {doc['__at']}: hash_ids must be a list of integers")
+            raise DataFileError(f"{path} {at}: hash_ids must be a list of integers")
         rows.append(TraceEntry(float(ts) / 1000.0, _int_field(path, doc, "input_length", 1),
-                               _int_field(path, doc, "output_length", 1), tuple(ids)))
-    t0 = rows[0].t_s
-    return [TraceEntry(r.t_s - t0, r.input_tokens, r.output_tokens, r.hash_ids) for r in rows]
+                               _int_field(path, doc, "output_length", 1), tuple(ids), sid,
+                               None if delay is None else float(delay) / 1000.0))
+    t0 = min(r.t_s for r in rows)
+    return [replace(r, t_s=r.t_s - t0) for r in rows]
+
+
+def _message_list(path: str | Path, doc: dict) -> list[tuple[str, str]]:
+    """A record's messages (role, content) in order: chat ``messages`` or ShareGPT
+    ``conversations`` (its roles mapped to user/assistant/system; entries of no known role
+    skipped, as benchmarks do), or a ``prompt`` (one user message)."""
+    n = doc["__at"]
+    if isinstance(doc.get("prompt"), str):
+        return [("user", doc["prompt"])] if doc["prompt"].strip() else []
+    if isinstance(doc.get("messages"), list):
+        msgs = []
+        for k, m in enumerate(doc["messages"], 1):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DataFileError(f"{path} {n}: message {k} needs a string role and content")
+            msgs.append((m["role"], m["content"]))
+        return msgs
+    if isinstance(doc.get("conversations"), list):
+        out = []
+        for turn in doc["conversations"]:
+            role = _SHAREGPT_ROLES.get(str(turn.get("from", "")).lower()) if isinstance(turn, dict) else None
+            if role is not None and isinstance(turn.get("value"), str):
+                out.append((role, turn["value"]))
+        return out
+    raise DataFileError(f"{path} {n}: expected `prompt`, `messages` or ShareGPT `conversations`")
+
+
+def _conversation(path: str | Path, doc: dict) -> Conversation | None:
+    """A record as turns: each user message (with what came since the reply before it) is a
+    turn; the assistant messages after it are its recorded reply (their length in words)."""
+    out_tokens = doc.get("output_tokens")
+    if out_tokens is not None and (not isinstance(out_tokens, int) or isinstance(out_tokens, bool)
+                                   or not 1 <= out_tokens <= 1_000_000):
+        raise DataFileError(f"{path} {doc['__at']}: output_tokens must be an integer in [1, 1000000]")
+    turns: list[ConversationTurn] = []
+    pending: list[tuple[str, str]] = []
+    reply: list[str] | None = None
+    for role, content in _message_list(path, doc):
+        if role == "assistant" and any(r == "user" for r, _ in pending):  # the turn's reply
+            turns.append(ConversationTurn(tuple(pending), None))
+            pending, reply = [], content.split()
+            continue
+        if role == "assistant" and reply is not None:  # consecutive assistant messages: one reply
+            reply.extend(content.split())
+            continue
+        if reply is not None:
+            turns[-1] = replace(turns[-1], reply_tokens=max(1, len(reply)))
+            reply = None
+        pending.append((role, content))  # system, tool, or a greeting before the first user turn
+    if reply is not None:
+        turns[-1] = replace(turns[-1], reply_tokens=max(1, len(reply)))
+    if any(r == "user" for r, _ in pending):
+        turns.append(ConversationTurn(tuple(pending), None))
+    if not turns:
+        return None  # no user turn to send: skipped, as benchmarks do
+    if out_tokens is not None:
+        turns = [t if t.reply_tokens is not None else replace(t, reply_tokens=out_tokens) for t in turns]
+    return Conversation(tuple(turns), str(doc["__at"]))
+
+
+def read_conversations(path: str | Path) -> list[Conversation]:
+    """Every conversation of a prompts file with a user turn, in file order (as live sessions
+    replay them); a line with a ``prompt`` is a one-turn conversation."""
+    out = [c for doc in _lines(path) if (c := _conversation(path, doc)) is not None]
+    if not out:
+        raise DataFileError(f"{path}: no conversation with a user turn")
+    return out
 
 
 @dataclass(frozen=True)
@@ -294,3 +414,66 @@ def source_stats(source: DataSource) -> SourceStats:
     outs = [p.output_tokens for p in prompts if p.output_tokens is not None]
     return SourceStats(len(prompts), sum(len(p.prompt.split()) for p in prompts) / len(prompts),
                        sum(outs) / len(outs) if outs else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSession:
+    """A session of a multi-turn trace: its turns in file order (the first at ``turns[0].t_s``)."""
+
+    turns: tuple[TraceEntry, ...]
+
+
+def trace_sessions(rows: list[TraceEntry]) -> list[TraceSession]:
+    """A trace's sessions in the order they start: the records sharing a session id, in file
+    order; a record without one is a session of one turn."""
+    groups: dict[str, list[TraceEntry]] = {}
+    order: list[list[TraceEntry]] = []
+    for r in rows:
+        if r.session is None:
+            order.append([r])
+        elif r.session in groups:
+            groups[r.session].append(r)
+        else:
+            groups[r.session] = [r]
+            order.append(groups[r.session])
+    return [TraceSession(tuple(g)) for g in order]
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    """What a file replayed as sessions implies for the plan's own lengths and turns."""
+
+    sessions: int
+    mean_turns: float
+    mean_first_tokens: float
+    mean_followup_tokens: float | None  # new user tokens a later turn adds (None: no later turn)
+    mean_output_tokens: float | None
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def session_stats(source: DataSource) -> SessionStats:
+    """The file's sessions; refused (one line) when none has a second turn: such a file is
+    replayed as requests, not sessions."""
+    if source.kind == "trace":
+        groups = [s.turns for s in trace_sessions(read_trace(source.path, sessions=True))]
+        if all(len(g) < 2 for g in groups):
+            raise DataFileError(f"{source.path}: no session_id has a second turn, so there are no sessions to "
+                                "replay: remove `sessions` to replay the trace as requests")
+        first = [float(g[0].input_tokens) for g in groups]
+        follow = [float(max(1, b.input_tokens - a.input_tokens - a.output_tokens))
+                  for g in groups for a, b in itertools.pairwise(g)]
+        outs: list[float] = [float(r.output_tokens) for g in groups for r in g]
+        turns = [len(g) for g in groups]
+    else:
+        convs = read_conversations(source.path)
+        if all(len(c.turns) < 2 for c in convs):
+            raise DataFileError(f"{source.path}: no conversation has a second user turn, so there are no sessions "
+                                "to replay: remove `sessions` to replay its prompts as requests")
+        first = [float(sum(len(c.split()) for _, c in conv.turns[0].messages)) for conv in convs]
+        follow = [float(sum(len(c.split()) for _, c in t.messages)) for conv in convs for t in conv.turns[1:]]
+        outs = [float(t.reply_tokens) for conv in convs for t in conv.turns if t.reply_tokens is not None]
+        turns = [len(c.turns) for c in convs]
+    return SessionStats(len(turns), sum(turns) / len(turns), sum(first) / len(first), _mean(follow), _mean(outs))

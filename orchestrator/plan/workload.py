@@ -7,7 +7,13 @@ from typing import Any, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
-from orchestrator.plan.sources import DataFileError, DataSource, file_sha256, source_stats
+from orchestrator.plan.sources import (
+    DataFileError,
+    DataSource,
+    file_sha256,
+    session_stats,
+    source_stats,
+)
 
 OPTIONAL_LATER_FIELDS = ("sessions", "source", "output_dist", "tokenizer")
 
@@ -113,7 +119,9 @@ class ThinkTime(StrictModel):
 class Sessions(StrictModel):
     """Live multi-turn sessions: a session starts on the open-loop clock (``arrival``); each
     next turn is due when the previous reply has arrived plus a think time, and carries the
-    returned text in its history (``prompts.turns`` turns per session)."""
+    returned text in its history (``prompts.turns`` turns per session). With a data ``source``
+    the sessions are the file's: a prompts file's conversations (started on the clock), or a
+    trace's sessions by ``session_id`` (started at their own times, scaled to the rate)."""
 
     think: ThinkTime = Field(default_factory=ThinkTime, description="Pause before each later turn.")
 
@@ -172,7 +180,9 @@ class Workload(StrictModel):
     sessions: Sessions | None = Field(
         default=None,
         description="Live sessions: `arrival` starts sessions (the search's rate is sessions/s); "
-        "each later turn waits for the previous reply plus a think time and carries its text.",
+        "each later turn waits for the previous reply plus a think time and carries its text. "
+        "With `source`: the file's conversations (a prompts file) or a trace's sessions by "
+        "`session_id`, each user turn sent after the reply before it.",
     )
     prompts: PromptSpec = Field(description="Prompt lengths, sharing and conversations.")
     output_tokens: int = Field(
@@ -188,8 +198,9 @@ class Workload(StrictModel):
         default=None,
         description="The user's own data: a prompts file (lengths and content from it) or a trace "
         "(arrivals, lengths and shared blocks from it, replayed scaled to the search's rate; "
-        "`arrival` then stands in for it only in the virtual-time dry run). Without `prompts` "
-        "or `output_tokens`, their means come from the file.",
+        "`arrival` then stands in for it only in the virtual-time dry run). With `sessions`, the "
+        "file's conversations (or a trace's `session_id`s) are replayed as live sessions. Without "
+        "`prompts` or `output_tokens`, their means come from the file.",
     )
 
     tokenizer: PromptTokenizer | None = Field(
@@ -220,9 +231,10 @@ class Workload(StrictModel):
             raise CrossFieldError([("closed", "give either `arrival` (open loop) or `closed`, not both")])
         if self.source is not None and self.source.kind == "trace" and self.closed is not None:
             raise CrossFieldError([("source", "a trace brings its own arrivals (open loop); remove `closed`")])
-        if self.source is not None and self.sessions is not None:
-            raise CrossFieldError([("sessions", "sessions build their turns from the live replies; "
-                                                "a data `source` with sessions is not supported")])
+        if (self.source is not None and self.source.kind == "trace" and self.sessions is not None
+                and self.sessions.think != ThinkTime()):
+            raise CrossFieldError([("sessions.think", "a trace's sessions keep the trace's own pace (its "
+                                                      "timestamps, or `delay`); remove `think`")])
         if self.output_dist is not None and self.output_tokens != max(1, round(self.output_dist.mean)):
             raise CrossFieldError([("output_tokens", f"with `output_dist`, output_tokens is its mean "
                                                      f"({max(1, round(self.output_dist.mean))}); "
@@ -301,11 +313,15 @@ def _pin_source(data: dict[str, Any]) -> dict[str, Any]:
     path = src.get("path")
     if not isinstance(path, str) or not path:
         return data  # the field's own validation reports it
+    sessions = isinstance(data.get("sessions"), dict)
+    pinned = src.get("sha256") is not None  # a registered plan read back: the file may be elsewhere
     try:
-        if src.get("sha256") is None:
+        if not pinned:
             src["sha256"] = file_sha256(path)
-        if "prompts" in data and "output_tokens" in data:
+        if "prompts" in data and "output_tokens" in data and (pinned or not sessions):
             return {**data, "source": src}
+        if sessions:  # checked to have sessions when first pinned (and by the plan file's loader)
+            return _session_lengths({**data, "source": src})
         stats = source_stats(DataSource.model_validate({**src, "sha256": None}))
     except DataFileError as e:
         raise CrossFieldError([("source.path", str(e))]) from None
@@ -315,6 +331,23 @@ def _pin_source(data: dict[str, Any]) -> dict[str, Any]:
     if "prompts" not in out:
         out["prompts"] = {"input_tokens": {"mean": round(stats.mean_input_tokens, 3)},
                           "conversations": min(stats.records, 1_000_000)}
+    if "output_tokens" not in out and stats.mean_output_tokens is not None:
+        out["output_tokens"] = max(1, round(stats.mean_output_tokens))
+    return out
+
+
+def _session_lengths(data: dict[str, Any]) -> dict[str, Any]:
+    """A file replayed as sessions: checked to have sessions (a file of single turns is refused
+    at ``source.path``), and, where the plan gives none, its sessions' turns and lengths."""
+    stats = session_stats(DataSource.model_validate({**data["source"], "sha256": None}))
+    out = dict(data)
+    if "prompts" not in out:
+        prompts: dict[str, Any] = {"input_tokens": {"mean": round(stats.mean_first_tokens, 3)},
+                                   "conversations": min(stats.sessions, 1_000_000),
+                                   "turns": min(1000, max(1, round(stats.mean_turns)))}
+        if stats.mean_followup_tokens is not None:
+            prompts["followup_tokens"] = {"mean": round(stats.mean_followup_tokens, 3)}
+        out["prompts"] = prompts
     if "output_tokens" not in out and stats.mean_output_tokens is not None:
         out["output_tokens"] = max(1, round(stats.mean_output_tokens))
     return out

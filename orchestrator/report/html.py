@@ -46,7 +46,7 @@ pre { background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 0.85em; 
 <th>interval</th><th>confidence</th><th>blocks</th><th>blocks used, censored, dropped</th></tr></thead>
 <tbody>
 {% for v in verdicts %}
-<tr data-bar="{{ v.bar }}"><td>{{ v.bar }}</td><td>{{ v.metric }}{% if v.rate %} at {{ v.rate }} req/s{% endif %}</td>
+<tr data-bar="{{ v.bar }}"><td>{{ v.bar }}</td><td>{{ v.metric }}{% if v.rate %} at {{ v.rate }} {{ e.rate_unit }}{% endif %}</td>
 <td>{{ v.class }}</td><td>{{ v.compare }} {{ ">=" if v.direction == "at_least" else "<=" }} {{ v.threshold }}</td>
 <td class="{{ v.verdict.split()[0] }}">{{ v.verdict }}</td><td class="num">{{ f3(v.estimate) }}</td>
 <td class="label">{{ v.label }}</td><td class="num">{{ "%.0f%%"|format(100 * v.confidence) }}</td>
@@ -73,7 +73,7 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 <h2>Capacity per run</h2>
 <table id="capacities">
 <thead><tr><th>run</th><th>block</th><th>arm</th><th>attempt</th><th>class</th><th>valid</th>
-<th>capacity, tok/s</th><th>at, req/s</th><th>attainment</th><th>points</th><th>censoring</th></tr></thead>
+<th>capacity, tok/s</th><th>at, {{ e.rate_unit }}</th><th>attainment</th><th>points</th><th>censoring</th></tr></thead>
 <tbody>
 {% for c in capacities %}
 <tr{% if not c.valid %} class="fail"{% endif %}><td>{{ c.run_id }}</td><td>{{ c.block }}</td><td>{{ c.arm }}</td>
@@ -101,7 +101,7 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 <td>{{ r.attempt }}</td><td>{{ r.status }}</td>
 <td class="{{ 'valid' if r.valid else 'invalid' }}">{{ "valid" if r.valid else "INVALID" }}{% if r.reason %}: {{ r.reason }}{% endif %}</td>
 <td class="num">{{ r.points }}</td><td class="num">{{ r.guards_checked }}</td>
-<td>{% for g in r.guards_failed %}<div>{{ g.guard }}: {{ f3(g.value) }} vs {{ f3(g.threshold) }}{% if g.offered_rate %} at {{ f3(g.offered_rate) }} req/s{% endif %} &mdash; {{ g.detail }}</div>{% else %}none{% endfor %}</td></tr>
+<td>{% for g in r.guards_failed %}<div>{{ g.guard }}: {{ f3(g.value) }} vs {{ f3(g.threshold) }}{% if g.offered_rate %} at {{ f3(g.offered_rate) }} {{ e.rate_unit }}{% endif %} &mdash; {{ g.detail }}</div>{% else %}none{% endfor %}</td></tr>
 {% endfor %}
 </tbody>
 </table>
@@ -111,7 +111,7 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 <tbody>
 {% for g in guards %}
 <tr{% if not g.passed %} class="fail"{% endif %}><td>{{ g.run }}</td><td>{{ g.guard }}</td>
-<td>{{ f3(g.offered_rate) + " req/s" if g.offered_rate else "run" }}</td><td>{{ "yes" if g.passed else "NO" }}</td>
+<td>{{ f3(g.offered_rate) + " " + e.rate_unit if g.offered_rate else "run" }}</td><td>{{ "yes" if g.passed else "NO" }}</td>
 <td class="num">{{ f3(g.value) }}</td><td class="num">{{ f3(g.threshold) }}</td><td>{{ g.detail }}</td></tr>
 {% endfor %}
 </tbody>
@@ -155,7 +155,7 @@ def render(doc: dict[str, Any], images: dict[str, Any], plan_doc: dict[str, Any]
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = env.from_string(TEMPLATE)
     return template.render(
-        e=doc["experiment"], verdicts=doc["verdicts"], capacities=doc["capacities"],
+        e={"rate_unit": "req/s", **doc["experiment"]}, verdicts=doc["verdicts"], capacities=doc["capacities"],
         runs=doc["runs"], guards=doc["guards"], fingerprints=doc["fingerprints"], images=images,
         classes=classes, plan_yaml=yaml.safe_dump(plan_doc, sort_keys=False, width=100),
         f3=_f3, f0=_f0, dumps=lambda d: json.dumps(d, indent=1, sort_keys=True, default=str),

@@ -20,6 +20,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from orchestrator.plan.signature import rate_unit_of_summary
 from orchestrator.report import plots
 from orchestrator.report.history import PARETO_COLUMNS, pareto_axes, pareto_front
 from orchestrator.report.plots import plt
@@ -80,6 +81,7 @@ def pareto_figure(points: pd.DataFrame, path: str | Path, *, mark: Mapping[int, 
     for ax, ((model, sha), g) in zip(axes[:, 0], drawn_groups, strict=True):
         summary = str(g["workload"].iloc[0]) if isinstance(g["workload"].iloc[0], str) else "workload ?"
         panels.append((model, summary, sha))
+        unit = rate_unit_of_summary(summary)
         front = pareto_front(g.drop(columns=["per_user_tok_s", "tok_s_per_gpu", "tpot_p50_ms"]))
         front = front.assign(key=range(1, len(front) + 1),
                              mark=[mark.get(int(r)) for r in front["run_id"]])
@@ -98,7 +100,7 @@ def pareto_figure(points: pd.DataFrame, path: str | Path, *, mark: Mapping[int, 
                             textcoords="offset points", fontsize=9, fontweight="bold", color=FRONT_COLOR, zorder=6)
         # The key: each front point's configuration and rate (the legend, beside the panel).
         for r in front.itertuples(index=False):
-            ax.plot([], [], ls="none", label=f"{r.key}: {_short(str(r.label))} @ {r.offered_rate:.3g} req/s"
+            ax.plot([], [], ls="none", label=f"{r.key}: {_short(str(r.label))} @ {r.offered_rate:.3g} {unit}"
                     + (" [sim]" if r.simulated else "") + (f" ({r.mark})" if isinstance(r.mark, str) else ""))
         ax.set_title(f"{model} | {summary} [{sha[:8]}]", fontsize=10, loc="left")
         ax.set_xlabel("per-user output speed, tok/s (1 / median TPOT)")
@@ -158,11 +160,12 @@ class ParetoSection:
     own_points: int  # of them, this experiment's
     rows: list[dict[str, Any]]  # the front, fastest per user first
     image: str | None  # relative to the report's folder
+    rate_unit: str = "req/s"  # what a point's rate counts (sessions/s for live sessions)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "workload": self.workload, "workload_sha256": self.workload_sha256,
                 "simulated": self.simulated, "points": self.points, "own_points": self.own_points,
-                "front": self.rows}
+                "front": self.rows, "rate_unit": self.rate_unit}
 
 
 def experiment_points(store: Any, data: Any) -> tuple[pd.DataFrame, dict[int, str], str, str, bool]:
@@ -204,7 +207,8 @@ def experiment_section(store: Any, data: Any, fig_dir: Path, out: Path) -> Paret
                 "mark": r["mark"] if isinstance(r["mark"], str) else None,  # pandas' NaN: not marked
             })
     image = None if drawn is None else drawn.path.relative_to(out).as_posix()
-    return ParetoSection(model, summary, sha, simulated, len(points), own_points, rows, image)
+    return ParetoSection(model, summary, sha, simulated, len(points), own_points, rows, image,
+                         data.plan.workload.rate_unit)
 
 
 SECTION = """<h2 id="pareto-section">Pareto front <span class="muted">({{ s.model }}, {{ s.workload or "this workload" }}
@@ -216,7 +220,7 @@ SECTION = """<h2 id="pareto-section">Pareto front <span class="muted">({{ s.mode
 point beats on both, faster per user <em>and</em> higher per GPU. {{ "Simulated" if s.simulated else "Measured" }}
 points only: simulated and measured points are never one front.</p>
 <table id="pareto">
-<thead><tr><th>#</th><th>configuration</th><th>rate, req/s</th><th>tok/s per user</th><th>TPOT p50, ms</th>
+<thead><tr><th>#</th><th>configuration</th><th>rate, {{ s.rate_unit }}</th><th>tok/s per user</th><th>TPOT p50, ms</th>
 <th>tok/s per GPU</th><th>run</th><th>this experiment</th></tr></thead>
 <tbody>
 {% for r in s.rows %}

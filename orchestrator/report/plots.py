@@ -123,7 +123,7 @@ def load_curves(data: ExperimentData, class_name: str, path: Path) -> Path | Non
     ax_att.set_ylabel(f"attainment [{class_name}]")
     ax_good.set_ylabel(f"goodput [{class_name}], output tok/s")
     for ax in (ax_att, ax_good):
-        ax.set_xlabel("offered load, requests/s")
+        ax.set_xlabel(f"offered load, {data.plan.workload.rate_unit}")
         ax.grid(alpha=0.3)
     handles, labels = ax_att.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=False))

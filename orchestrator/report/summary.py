@@ -130,4 +130,6 @@ def experiment_doc(data: ExperimentData) -> dict[str, Any]:
         "started_at": when(e.started_at), "finished_at": when(e.finished_at),
         "plan": {"name": reg.name, "registration_id": reg.id, "sha256": reg.sha256,
                  "registered_at": when(reg.registered_at), "hypothesis": data.plan.hypothesis},
+        # what a point's rate counts (a live-sessions plan's rate starts sessions)
+        "rate_unit": data.plan.workload.rate_unit,
     }

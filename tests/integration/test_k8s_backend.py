@@ -348,3 +348,22 @@ def test_cleanup_removes_leftovers_of_crashed_attempts_by_label(cluster: Running
     left = [o for p in ("deployments", "configmaps", "services") for o in cluster.objects(p).values()]
     assert left and all(o["metadata"]["labels"]["orchestrator/experiment"] == "other-exp" for o in left)
     assert fresh.cleanup(plan.name) == 0
+
+
+def test_a_data_file_replayed_as_sessions_is_refused_before_a_load_generator_pod(
+        cluster: RunningCluster, plan: Plan, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32: the in-cluster load generator plays sessions from the plan, but a data file is
+    on this machine only: refused before anything is applied, with where to run it instead."""
+    from orchestrator.errors import UserError
+    from orchestrator.plan import Workload
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and then"}]}) + "\n")
+    sessions = plan.model_copy(update={"workload": Workload.model_validate(
+        {"sessions": {}, "source": {"kind": "prompts", "path": "chat.jsonl"}})})
+    backend = KubernetesBackend(api=cluster.api(3), endpoint_url=None, poll_s=0.05)
+    with pytest.raises(UserError, match=r"^workload\.source: a data file replayed as sessions"):
+        backend.deploy(sessions, "A", RunKey(plan.name, "A", 0))
+    assert cluster.objects("deployments") == {} and cluster.objects("configmaps") == {}

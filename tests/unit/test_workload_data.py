@@ -48,6 +48,10 @@ def test_the_sample_files_are_what_the_project_script_makes(tmp_path: Path) -> N
     for name, rows in (("prompts", gen["prompts"](random.Random(19))), ("trace", gen["trace"](random.Random(20)))):
         gen["write"](tmp_path / f"{name}.jsonl", rows)
         assert (tmp_path / f"{name}.jsonl").read_bytes() == (DATA / f"{name}.jsonl").read_bytes(), name
+    gen["write_array"](tmp_path / "sharegpt_sessions.json", gen["sessions"](random.Random(21)))
+    gen["write"](tmp_path / "mooncake_sessions.jsonl", gen["trace_sessions"](random.Random(22)))
+    for name in ("sharegpt_sessions.json", "mooncake_sessions.jsonl"):
+        assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
 
 
 def test_sha256_is_pinned_and_a_changed_file_is_a_changed_plan(tmp_path: Path) -> None:

@@ -156,6 +156,12 @@ class KubernetesBackend:
                     "workload.closed: a closed loop is measured from inside the cluster only (its users "
                     "pace themselves by each reply, so they run where orch runs): run it with `orch "
                     "submit` on the chart, or from a pod in the cluster (kubernetes.access: service)")
+            if plan.workload.kind == "sessions" and plan.workload.source is not None:
+                raise UserError(
+                    "workload.source: a data file replayed as sessions is read where its sessions are "
+                    "played (each turn is built from the reply before it), and the in-cluster load "
+                    "generator does not have the file: run from a pod in the cluster that has it "
+                    "(kubernetes.access: service)")
             objs.append(render_load_generator(plan, key, objs[-1]["metadata"]["namespace"]))
         owned = objs[0]["kind"] == "Namespace"  # the tool's own namespace for the experiment
         if owned:

@@ -52,12 +52,14 @@ class RequestLike(Protocol):
 
 
 class SessionsLike(Protocol):
-    """What the engine asks of live sessions (orchestrator.loadgen.workloads.SessionScript)."""
+    """What the engine asks of live sessions (orchestrator.loadgen.session_scripts.SessionScript):
+    a session's turns, each turn's request once the reply before it is in, when a later turn is
+    due (from when the turn before was due and when its reply ended), and that a session ended."""
 
-    @property
-    def turns(self) -> int: ...
+    def turns_of(self, session: int) -> int: ...
     def request(self, session: int, turn: int, reply_tokens: int) -> RequestLike: ...
-    def think_s(self, session: int, turn: int) -> float: ...
+    def due_s(self, session: int, turn: int, prev_due_s: float, reply_end_s: float) -> float: ...
+    def done(self, session: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -469,9 +471,9 @@ def simulate_sessions(
     drain_s: float = 60.0,
     seed: int = 0,
 ) -> SimResult:
-    """Session ``s`` sends its first turn at ``starts[s]``; each later turn is due when the reply
-    before it has ended plus the session's think time, and carries that reply (as the live
-    runner). No turn becomes due after the point ends; what is in flight then gets ``drain_s``."""
+    """Session ``s`` sends its first turn at ``starts[s]``; each later turn is due when the
+    sessions say (the reply before it ended plus a think time, or a trace's own pace, never
+    before that reply), and carries that reply (as the live runner). No turn becomes due after the point ends; what is in flight then gets ``drain_s``."""
     requests: list[RequestLike] = []
     run = _Run(cluster, requests, seed)
     run.windows = windows
@@ -491,12 +493,15 @@ def simulate_sessions(
 
     def on_done(i: int, t: float) -> None:
         session, k = run.user_of[i], turn_of[i]
-        if k + 1 >= sessions.turns:
+        if k + 1 >= sessions.turns_of(session):
+            sessions.done(session)
             return
         reply[session] = run.records[i].output_tokens or 0
-        due = t + sessions.think_s(session, k + 1)
+        due = sessions.due_s(session, k + 1, run.records[i].scheduled_s, t)
         if due < horizon:
             run.push(due, USER, session)
+        else:
+            sessions.done(session)
 
     run.user_next = user_next
     run.on_done = on_done
