@@ -240,7 +240,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
                      "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}"])
     print_table("Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
-                PARETO_COLUMNS, rows, wide=wide)
+                PARETO_COLUMNS, rows, wide=wide, console=_console())
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "
             f"{len(drawn.front)} on the front, numbered: {drawn.path.resolve()}")
@@ -249,6 +249,13 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
 def _limits(r: Any) -> str:
     ttft, tpot = getattr(r, "ttft_ms", 0) or 0, getattr(r, "tpot_ms", 0) or 0
     return f"{ttft:g}/{tpot:g} ms" if ttft and tpot else "?"
+
+
+def _console() -> Any:
+    """Where tables go: stdout (fitted when it is a terminal, see tables.print_table)."""
+    from rich.console import Console
+
+    return Console(highlight=False)
 
 
 def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
@@ -269,7 +276,7 @@ def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
         rows.append([cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
                      f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
     print_table("capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
-                "simulated and measured never pooled)", HISTORY_COLUMNS, rows, wide=wide)
+                "simulated and measured never pooled)", HISTORY_COLUMNS, rows, wide=wide, console=_console())
 
 
 # -- orch capacity plan -----------------------------------------------------------------------
@@ -491,4 +498,4 @@ def _print_sizing(frame: pd.DataFrame, wide: bool = False) -> None:
                                               if r["copies_low"] != r["copies_high"] else ""),
             str(r["gpus"]), f"{r['gpu_hours_day']:,.0f}", cost, per_m, "; ".join(r["thin"]) or "-",
         ])
-    print_table("configurations that can serve it, cheapest first", SIZING_COLUMNS, rows, wide=wide)
+    print_table("configurations that can serve it, cheapest first", SIZING_COLUMNS, rows, wide=wide, console=_console())
