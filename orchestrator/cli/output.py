@@ -29,15 +29,15 @@ def fold(line: str, width: int) -> str:
     return "\n".join(rows) if rows else line
 
 
-def _write(stream: IO[str], line: str) -> None:
-    if line and stream.isatty():
+def _write(stream: IO[str], line: str, whole: bool = False) -> None:
+    if line and not whole and stream.isatty():
         line = fold(line, shutil.get_terminal_size().columns)
     stream.write(line + "\n")
 
 
-def say(line: str = "") -> None:
-    """A line for people (stdout)."""
-    _write(sys.stdout, line)
+def say(line: str = "", whole: bool = False) -> None:
+    """A line for people (stdout); ``whole``: a line to copy (a command to paste), never folded."""
+    _write(sys.stdout, line, whole)
 
 
 def warn(line: str) -> None:

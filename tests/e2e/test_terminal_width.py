@@ -251,3 +251,24 @@ def test_verdict_summarises_censored_blocks_and_details_prints_every_one(store, 
     for block in range(4):
         assert f"censored block {block}: {bar.censored[block]}" in text, term.text
     assert f"interval: {bar.judgement.label}" in text and f"note: {bar.judgement.note}" in text, term.text
+
+
+def test_status_lines_fold_between_words_at_80_columns(sqlite_url: str) -> None:
+    """`orch status` and `orch status EXPERIMENT`: a failed run's reason runs long; on an
+    80-column terminal each line folds between words (every word of it still shown), and
+    piped output keeps each line whole."""
+    reason = ("guard failed at 14.9 req/s: generator_lag (43.7 vs 25): p99 send lag 43.72 ms (bound 25.0 ms) "
+              "over 13 requests")
+    with Store.open(sqlite_url) as st:
+        plan = _plan("quick", "sim")
+        exp = st.create_experiment(st.register_plan(plan).id, name="folded-status")
+        run = st.start_run(exp, "A", 0, 0, 0, st.deployment_config(plan, "A"))
+        st.finish_run(run, "failed", False, invalid_reason=reason)
+        st.set_experiment_status(exp, "failed")
+    for args in (("status",), ("status", "folded-status")):
+        term = _in_terminal(sqlite_url, *args)
+        assert term.long_lines() == [], term.text
+        assert reason in " ".join(term.text.split()), term.text
+        piped = subprocess.run(orch_command(*args), env=_env(sqlite_url), cwd=ROOT, capture_output=True, text=True,
+                               timeout=300)
+        assert piped.returncode == 0 and any(line.endswith(reason) for line in piped.stdout.splitlines()), piped

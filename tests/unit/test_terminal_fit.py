@@ -117,3 +117,22 @@ def test_a_verdict_summary_says_each_kind_of_block_once() -> None:
     assert sum(line.startswith("    censored block ") for line in full) == 3
     assert sum(line.startswith("    dropped block ") for line in full) == 2
     assert "skew-robust t bound" in full[1] and "blocks used: 0, 1, 2, 3" in full[2]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_say_folds_on_a_terminal_except_a_line_to_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cli import output
+
+    out = _Tty()
+    monkeypatch.setattr(output.sys, "stdout", out)
+    monkeypatch.setenv("COLUMNS", "30")
+    line = "export KUBECONFIG=/tmp/a/kubeconfig and more words past thirty"
+    output.say(line)
+    output.say(line, whole=True)
+    rows = out.getvalue().splitlines()
+    assert all(len(r) <= 30 for r in rows[:-1]) and len(rows) > 2
+    assert rows[-1] == line
