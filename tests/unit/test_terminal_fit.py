@@ -136,3 +136,17 @@ def test_say_folds_on_a_terminal_except_a_line_to_copy(monkeypatch: pytest.Monke
     rows = out.getvalue().splitlines()
     assert all(len(r) <= 30 for r in rows[:-1]) and len(rows) > 2
     assert rows[-1] == line
+
+
+def test_the_capacity_history_keeps_its_key_columns_at_80_with_longer_values() -> None:
+    """Longer history cells ("5 = 3 points + 2 censored" runs, a ">= 256" median) fold in
+    their columns; at 80 columns the same columns stay."""
+    from orchestrator.cli.capacity_cmd import HISTORY_COLUMNS
+
+    row = ["interactive", "300/10 ms", "qwen3-8b", "H200 1P(TP1)+1D(TP1) kv=auto seqs=64 round_robin v0.32.0",
+           "in 3000±900 / out 64 / prefix 0.2 / poisson [4eb7a79d]", "measured (local)",
+           "5 = 3 points + 2 censored", ">= 256", "250-270", "3.0%", "2026-12-06"]
+    fit = fit_columns(HISTORY_COLUMNS, [row], 80)
+    assert [HISTORY_COLUMNS[i].header for i in fit.shown] == [
+        "class", "configuration", "workload", "source", "runs", "median tok/s"]
+    assert table_width(fit.widths) <= 80 and min(fit.widths) >= 6
