@@ -58,7 +58,8 @@ def summary_note(note: str) -> str:
     statement down to its family (the levels each test ran at: ``--details``)."""
     parts: list[str] = []
     for part in note.split("; "):
-        if not part or re.match(r"block \d+: ", part):
+        # a block's reason: "block 2: A ...: in [lo, hi]; B ...: in [lo, hi]; B/A in [lo, hi]"
+        if not part or re.match(r"block \d+: ", part) or re.search(r"(: |^\S+/\S+ )in \[", part):
             continue
         if part.startswith("Holm-adjusted over"):
             part = part.split(": ")[0]

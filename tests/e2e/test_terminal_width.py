@@ -243,6 +243,8 @@ def test_verdict_summarises_censored_blocks_and_details_prints_every_one(store, 
     assert "4 of 4 blocks censored: A at the load generator's ceiling and B at the load generator's ceiling " \
            "(blocks 0-3)" in text, term.text
     assert "censored block" not in text and "blocks used: 0-3" in text, term.text
+    assert "in [" not in text, term.text  # no block's interval repeated in the note
+    assert "note: a block's ratio is unbounded (censored or 0/0): no bound on the mean" in text, term.text
     assert f"`orch verdict {out.experiment_name} --details` prints every note" in text
 
     term = _in_terminal(url, "verdict", out.experiment_name, "--details")

@@ -88,7 +88,8 @@ def test_block_lists_and_causes() -> None:
 
 def test_summary_note_drops_per_block_reasons_and_holms_levels() -> None:
     note = ("a block's ratio is unbounded (censored or 0/0): no bound on the mean; block 0: A at x: in [1, inf]; "
-            "block 1: A at x: in [1, inf]; Holm-adjusted over 2 bars at family level 95%: ACCEPT tested at "
+            "B at x: in [2, inf]; B/A in [0, inf]; block 1: A at x: in [1, inf]; B/A in [0, 3]; "
+            "Holm-adjusted over 2 bars at family level 95%: ACCEPT tested at "
             "97.5% (rank 1 of 2), REJECT at 95% (rank 2 of 2)")
     assert summary_note(note) == ("a block's ratio is unbounded (censored or 0/0): no bound on the mean; "
                                   "Holm-adjusted over 2 bars at family level 95%")
