@@ -23,6 +23,9 @@ COLUMN_OVERHEAD = 3
 TABLE_OVERHEAD = 1
 # A word longer than this in a folding column is folded rather than widening the column's floor.
 WORD_CAP = 16
+# Below its floor (a terminal too narrow for the columns that always stay) a folding column
+# still keeps this many columns: never zero.
+NARROWEST = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,8 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[Sequence[str]], width:
     """Choose the columns and their widths for a terminal ``width`` columns wide: columns join
     by priority (then table order) while their floors fit, the first that does not and every
     column after it leave (priority 0 always stays); the room left widens the folding columns,
-    the one furthest from its whole value first."""
+    the one furthest from its whole value first. On a terminal too narrow for the priority-0
+    columns the folding ones shrink below their floors, to ``NARROWEST`` at the least."""
     cells = [[str(r[i]) for r in rows] for i in range(len(columns))]
     floors = [narrowest(c, cells[i]) for i, c in enumerate(columns)]
     naturals = [natural_width(c, cells[i]) for i, c in enumerate(columns)]
@@ -87,6 +91,12 @@ def fit_columns(columns: Sequence[Column], rows: Sequence[Sequence[str]], width:
     kept.sort()
     widths = {i: floors[i] for i in kept}
     spare = width - used
+    while spare < 0:  # the columns that always stay are wider than a very narrow terminal
+        folding = [i for i in kept if columns[i].fold and widths[i] > NARROWEST]
+        if not folding:
+            break
+        widths[max(folding, key=lambda i: widths[i])] -= 1
+        spare += 1
     while spare > 0:
         short = [i for i in kept if columns[i].fold and widths[i] < naturals[i]]
         if not short:

@@ -38,14 +38,15 @@ def test_columns_leave_by_priority_and_text_folds_never_to_zero() -> None:
     assert fit.shown == (0, 2, 3) and fit.left_out == ("note",)
     assert table_width(fit.widths) == 40  # the room left widens the folding column
     assert fit.widths == (40 - 1 - 9 - 5 - 10, 5, 10)
-    narrow = fit_columns(COLUMNS, ROWS, 20)  # below what priority 0 needs: they stay, at their floors
-    assert narrow.shown == (0, 2) and narrow.widths == (13, 5)
+    narrow = fit_columns(COLUMNS, ROWS, 20)  # below what priority 0 needs: the text column shrinks
+    assert narrow.shown == (0, 2) and narrow.widths == (8, 5) and table_width(narrow.widths) == 20
     assert narrow.left_out == ("note", "when")
+    assert fit_columns(COLUMNS, ROWS, 5).widths == (4, 5)  # never below 4
 
 
 def test_a_words_and_headers_floor() -> None:
     cols = (Column("tok/s per copy", 0, fold=True, min_width=4), Column("x", 0, fold=True, min_width=4))
-    fit = fit_columns(cols, [["(950-1,050) more", "a-word-longer-than-sixteen-columns"]], 10)
+    fit = fit_columns(cols, [["(950-1,050) more", "a-word-longer-than-sixteen-columns"]], 34)  # no room left
     # a number stays whole (11 wide); a header folds between its words; a word past 16 folds
     assert fit.widths == (11, 16)
 
