@@ -45,3 +45,5 @@ app.add_typer(db_app, name="db")
 app.add_typer(device_app, name="device")
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout.")
+WIDE_OPTION = typer.Option(False, "--wide", help="Every column, unfolded (a terminal's table otherwise fits its "
+                           "width: columns of low priority leave, long text folds).")

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from orchestrator.cli.apps import JSON_OPTION, app
+from orchestrator.cli.apps import JSON_OPTION, WIDE_OPTION, app
 from orchestrator.cli.output import emit_json, say, warn
+from orchestrator.cli.tables import Column, print_table
 from orchestrator.errors import UserError
 from orchestrator.plan import (
     RATE_UNITS,
@@ -35,6 +36,26 @@ capacity_app = typer.Typer(
 app.add_typer(capacity_app, name="capacity")
 
 PRICES_ENV = "ORCH_GPU_PRICES"
+
+# At 80 columns each table keeps what answers its question (the configuration, its capacity or
+# cost, and what it was measured on); the rest leaves first (priority: higher leaves sooner).
+HISTORY_COLUMNS = (
+    Column("class", 0, fold=True, min_width=11), Column("limits ttft/tpot", 4), Column("model", 2, fold=True),
+    Column("configuration", 0, fold=True, min_width=16), Column("workload", 1, fold=True, min_width=11),
+    Column("source", 1, fold=True, min_width=9), Column("runs", 0, "right", fold=True, min_width=4),
+    Column("median tok/s", 0, "right", fold=True, min_width=6), Column("p25-p75", 3, "right"),
+    Column("spread", 5, "right"), Column("last measured", 3))
+PARETO_COLUMNS = (
+    Column("#", 0), Column("model", 2, fold=True), Column("workload", 1, fold=True, min_width=12),
+    Column("source", 1, fold=True, min_width=9), Column("configuration", 0, fold=True, min_width=16),
+    Column("rate req/s", 0, "right"), Column("tok/s per user", 0, "right"), Column("TPOT p50 ms", 3, "right"),
+    Column("tok/s per GPU", 0, "right"))
+SIZING_COLUMNS = (
+    Column("#", 0), Column("configuration", 0, fold=True, min_width=16), Column("source", 1, fold=True, min_width=9),
+    Column("runs", 2, fold=True, min_width=4), Column("tok/s per copy (p25-p75)", 2, fold=True, min_width=8),
+    Column("deploy", 0, fold=True, min_width=10), Column("GPUs", 1), Column("GPU-h/day", 3, fold=True, min_width=6),
+    Column("USD/day (range)", 0, fold=True, min_width=8), Column("USD per 1M out tok", 2),
+    Column("thin evidence", 2, fold=True, min_width=12))
 
 
 def _cell(v: Any) -> Any:
@@ -119,6 +140,7 @@ def capacity(
                                      "group, or with --pareto every stored point and the front per model and workload."),
     pareto: bool = typer.Option(False, "--pareto", help="Instead: the Pareto front of stored load points per model "
                                 "and workload (throughput per GPU against per-user speed); --plot draws it."),
+    wide: bool = WIDE_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity over history (valid runs only), one row per comparable group: configuration,
@@ -150,7 +172,7 @@ def capacity(
                                                 "observed_gpu", "observed_engine")):
             raise UserError("--pareto takes the configuration filters, --since, --workload, "
                             "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
-        _print_pareto(filters, as_json, plot)
+        _print_pareto(filters, as_json, plot, wide)
         return
     with Store.open() as store:
         frame = store.capacity_by_config(**filters)
@@ -169,12 +191,12 @@ def capacity(
     if frame.empty:
         say("no valid runs match these filters" + ("; no plot drawn" if plot is not None else ""))
         return
-    _print_table(frame)
+    _print_table(frame, wide)
     if drawn is not None:
         say(f"capacity over time: {drawn.resolve()}")
 
 
-def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None) -> None:
+def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, wide: bool = False) -> None:
     from orchestrator.report.history import pareto_front
     from orchestrator.store import Store
 
@@ -206,26 +228,21 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
     if front.empty:
         say("no valid open-loop load points match these filters" + ("; no plot drawn" if plot is not None else ""))
         return
-    from rich.table import Table
-
-    table = Table(title="Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
-                  title_justify="left", header_style="bold")
-    for name in ("#", "model", "workload", "source", "configuration", "rate", "tok/s per user", "TPOT p50 ms",
-                 "tok/s per GPU"):
-        table.add_column(name, no_wrap=name not in ("configuration", "workload"))
-    previous = None
     # "#": the number beside the point in the plot's panel of its model and workload
     numbers = front.groupby(["model", "workload_sha256"], sort=False).cumcount() + 1
+    rows: list[list[str] | None] = []
+    previous = None
     for n, r in zip(numbers, front.to_dict("records"), strict=True):
         key = (r["model"], r["workload_sha256"], r["simulated"])
         if previous is not None and key != previous:
-            table.add_section()
+            rows.append(None)
         previous = key
-        _row(table, str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
-                      "SIMULATED" if r["simulated"] else "measured", r["label"],
-                      f"{r['offered_rate']:.3g} {rate_unit_of_summary(str(r['workload']))}",
-                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
-    _console().print(table)
+        rows.append([str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+                     "SIMULATED" if r["simulated"] else "measured", r["label"],
+                     f"{r['offered_rate']:.3g} {rate_unit_of_summary(str(r['workload']))}",
+                     f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}"])
+    print_table("Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
+                PARETO_COLUMNS, rows, wide=wide, console=_console())
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "
             f"{len(drawn.front)} on the front, numbered: {drawn.path.resolve()}")
@@ -236,50 +253,32 @@ def _limits(r: Any) -> str:
     return f"{ttft:g}/{tpot:g} ms" if ttft and tpot else "?"
 
 
-def _row(table: Any, *cells: object) -> None:
-    """A table row of literal text: a stored value is never read as rich markup (a workload
-    signature ``[ab2c8965]`` is a style tag to rich, and two workloads would print alike)."""
-    from rich.text import Text
-
-    table.add_row(*(Text(str(c)) for c in cells))
-
-
 def _console() -> Any:
+    """Where tables go: stdout (fitted when it is a terminal, see tables.print_table)."""
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=220, highlight=False)
+    return Console(highlight=False)
 
 
-def _print_table(frame: pd.DataFrame) -> None:
-    """A rich table: one line per comparable group, best first within a class. Piped output (not
-    a terminal) gets a wide console, so long configuration labels do not wrap."""
+def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
+    """One line per comparable group, best first within a class (a rule between classes), fitted
+    to the terminal (``tables.print_table``)."""
     import pandas as pd
-    from rich.console import JustifyMethod
-    from rich.table import Table
 
-    table = Table(title="capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
-                  "simulated and measured never pooled)", title_justify="left", header_style="bold")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("class", "left"), ("limits ttft/tpot", "left"), ("model", "left"), ("configuration", "left"),
-        ("workload", "left"), ("source", "left"), ("runs", "right"), ("median tok/s", "right"),
-        ("p25-p75", "right"), ("spread", "right"), ("last measured", "left"))
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=name not in ("configuration", "workload"))
+    rows: list[list[str] | None] = []
     previous = None
     for r in frame.itertuples(index=False):
         cls = r[frame.columns.get_loc("class")]
         if previous is not None and cls != previous:
-            table.add_section()
+            rows.append(None)
         previous = cls
         spread = "-" if pd.isna(r.spread) else f"{r.spread:.1%}"
         wl = f"{r.workload} [{r.workload_sha256[:8]}]" if r.workload_sha256 else "unknown"
         source = ("SIMULATED" if r.simulated else "measured") + (f" ({r.backend})" if r.backend else "")
-        _row(
-            table, cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
-            f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
-        )
-    _console().print(table)
+        rows.append([cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
+                     f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
+    print_table("capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
+                "simulated and measured never pooled)", HISTORY_COLUMNS, rows, wide=wide, console=_console())
 
 
 # -- orch capacity plan -----------------------------------------------------------------------
@@ -333,6 +332,7 @@ def capacity_plan(
     top: int = typer.Option(10, "--top", min=1, max=1000, help="Show this many configurations."),
     write_plan: Path | None = typer.Option(None, "--write-plan", help="Write the plan of the experiment that would settle it here."),
     backend: str = typer.Option("kubernetes", "--backend", help="Backend of the written plan."),
+    wide: bool = WIDE_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Rank the configurations history says can serve RATE requests/s of a workload at a class:
@@ -421,7 +421,7 @@ def capacity_plan(
             say(f"history holds {others['workload_sha256'].nunique()} other workload(s) of {model} at "
                 f"{service_class}: `orch capacity --model {model} --class {service_class}` lists them")
     else:
-        _print_sizing(shown)
+        _print_sizing(shown, wide)
         say(price_note)
         say("copies scale the measured deployment linearly behind a router (an assumption); "
             "the range is from the runs' quartiles")
@@ -487,22 +487,17 @@ def _write_settle_plan(path: Path, model: str, service_class: str, limits: tuple
     return path
 
 
-def _print_sizing(frame: pd.DataFrame) -> None:
-    from rich.table import Table
-
-    table = Table(title="configurations that can serve it, cheapest first", title_justify="left", header_style="bold")
-    for name in ("#", "configuration", "source", "runs", "tok/s per copy (p25-p75)", "deploy", "GPUs",
-                 "GPU-h/day", "USD/day (range)", "USD per 1M out tok", "thin evidence"):
-        table.add_column(name, no_wrap=name not in ("configuration", "thin evidence"))
+def _print_sizing(frame: pd.DataFrame, wide: bool = False) -> None:
+    rows: list[list[str] | None] = []
     for r in frame.to_dict(orient="records"):
         cost = "no price" if r["cost_day"] is None else (
             f"{r['cost_day']:,.0f} ({r['cost_day_low']:,.0f}-{r['cost_day_high']:,.0f})")
         per_m = "-" if r["usd_per_m_output_tokens"] is None else f"{r['usd_per_m_output_tokens']:.2f}"
-        _row(
-            table, str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
+        rows.append([
+            str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
             f"{r['median']:,.0f} ({r['p25']:,.0f}-{r['p75']:,.0f})",
             f"{r['copies']}x = {r['shape']}" + (f" ({r['copies_low']}-{r['copies_high']}x)"
                                               if r["copies_low"] != r["copies_high"] else ""),
             str(r["gpus"]), f"{r['gpu_hours_day']:,.0f}", cost, per_m, "; ".join(r["thin"]) or "-",
-        )
-    _console().print(table)
+        ])
+    print_table("configurations that can serve it, cheapest first", SIZING_COLUMNS, rows, wide=wide, console=_console())

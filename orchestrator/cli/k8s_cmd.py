@@ -43,7 +43,7 @@ def render(
         emit_json({"arm": name, "out": str(out), "files": [str(p) for p in paths]})
         return
     for p in paths:
-        say(str(p))
+        say(str(p), whole=True)
 
 
 DEFAULT_NODES = "H200=2,cpu=1"
@@ -117,8 +117,8 @@ def emulate(
         except OSError as e:
             raise UserError(f"--kubeconfig: cannot write {path}: {e.strerror or e}") from None
         say(f"api server: {cluster.url}")
-        say(f"kubeconfig: {written}")
-        say(f"export KUBECONFIG={written}")
+        say(f"kubeconfig: {written}", whole=True)
+        say(f"export KUBECONFIG={written}", whole=True)
         for spec in specs:
             gpus = f"{spec.gpus}x {spec.labels['nvidia.com/gpu.product']}" if spec.gpus else "no GPU"
             say(f"node {spec.name}: {gpus}, cpu {spec.cpu}, memory {spec.memory}")

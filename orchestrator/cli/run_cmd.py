@@ -48,7 +48,10 @@ def _outcome_doc(store: StoreLike, out: ExperimentOutcome, rate_unit: str) -> di
     }
 
 
-def _print_outcome(doc: dict) -> None:
+def _print_outcome(doc: dict, details: bool = False) -> None:
+    """Runs and verdicts for people: each verdict summarised, or in full with ``details``."""
+    from orchestrator.cli.verdict_text import DETAILS_HINT, verdict_lines
+
     e = doc["experiment"]
     say("")
     say(f"experiment {e['name']} (id {e['id']}), plan sha256 {e['sha256'][:16]}")
@@ -60,8 +63,10 @@ def _print_outcome(doc: dict) -> None:
     if not doc["verdicts"]:
         say("  (the plan has no bars)")
     for v in doc["verdicts"]:
-        for line in _verdict_lines(v, e.get("rate_unit", "req/s")):
+        for line in verdict_lines(v, details, e.get("rate_unit", "req/s")):
             say(line)
+    if not details and any(verdict_lines(v) != verdict_lines(v, True) for v in doc["verdicts"]):
+        say(DETAILS_HINT.format(name=e["name"]))
     if not e["complete"]:
         say("note: some blocks have no valid run of an arm; `orch verdict --gate` exits 5")
     if doc.get("chain_head"):
@@ -154,58 +159,6 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     say(f"report: {doc['report']}")
 
 
-def _verdict_lines(v: dict, rate_unit: str) -> list[str]:
-    """A verdict as text: the estimate against the bar, exactly what the interval is (the
-    label), the blocks used, and every censored or dropped block with why."""
-    est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
-    cmp_ = ">=" if v["direction"] == "at_least" else "<="
-    what = v["metric"] + (f" at {v['rate']:g} {rate_unit}" if v.get("rate") is not None else "")
-    lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
-             f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
-    lines.append(f"    interval: {v['label']}")
-    lines += _rule_lines(v)
-    used = v.get("blocks_used")
-    if used is not None:
-        lines.append("    blocks used: " + (", ".join(str(b) for b in used) if used else "none"))
-    lines += [f"    censored block {c['block']}: {c['why']}" for c in v.get("censored") or []]
-    lines += [f"    dropped block {d['block']}: {d['why']}" for d in v.get("dropped") or []]
-    if v["note"]:
-        lines.append(f"    note: {v['note']}")
-    return lines
-
-
-def _pct(x: float) -> str:
-    return f"{100 * math.expm1(x):+.2f}%"
-
-
-def _rule_lines(v: dict) -> list[str]:
-    """The verdict's rule in words (issue 31): its estimand, the carry-over estimate, a
-    sequential stop and the attempts voided per arm (stored with the verdict's evidence)."""
-    out = []
-    if v.get("estimand"):
-        floor = f"; the search's resolution {_pct(v['resolution'])} on each end" if v.get("resolution") else ""
-        out.append(f"    estimand: the {v['estimand']}{floor}")
-    co = v.get("carryover")
-    if co and co.get("estimate") is not None:
-        if co.get("lower") is None:
-            out.append(f"    carry-over: order effect {_pct(co['estimate'])} (not estimable: fewer than 2 blocks each way)")
-        else:
-            out.append(f"    carry-over: order effect {_pct(co['estimate'])} ({_pct(co['lower'])}..{_pct(co['upper'])}; "
-                       f"bound +-{100 * math.expm1(co['bound']):.2g}%{': EXCEEDED' if co.get('exceeds') else ''})")
-    seq = v.get("sequential")
-    if seq:
-        saved = seq.get("gpu_hours_saved")
-        what = (f"stopped at look {seq['look']} of {seq['looks']}: {seq['blocks']} of {seq['planned']} blocks run"
-                + (f", {saved:.2f} GPU-hours saved" if saved is not None else "")) if seq.get("stopped") else \
-            f"look {seq['look']} of {seq['looks']} at {seq['blocks']} of {seq['planned']} blocks ({seq['spending']})"
-        out.append(f"    sequential: {what}")
-    voided = {a: n for a, n in (v.get("voided_attempts") or {}).items() if n}
-    if voided:
-        out.append("    voided attempts (retried or block left out): "
-                   + ", ".join(f"{a} {n}" for a, n in sorted(voided.items())))
-    return out
-
-
 def _fallback_label(lower: float | None, upper: float | None, confidence: float, compare: str = "B/A") -> str:
     """For a verdict stored before its label was (migration 0005): what lower..upper then was."""
     lo = "-" if _num(lower) is None else f"{lower:.4g}"
@@ -272,6 +225,8 @@ def verdict(
     verify: bool = typer.Option(False, "--verify", help="Recompute each finished run's digest and each "
                                 f"bar's verdict; exit {VERIFY_EXIT} (one line per run or bar) if its records "
                                 "changed since it finished or a stored verdict is not what they give."),
+    details: bool = typer.Option(False, "--details", help="Every note, censored and dropped block and the "
+                                 "interval's whole label (by default each bar is summarised)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Bar verdicts of an experiment with estimates and intervals (--gate, --verify: judged again)."""
@@ -294,7 +249,7 @@ def verdict(
                                       "stored": c.stored, "actual": c.actual} for c in changed]}
     if chain_report is not None:
         doc["verify"]["chain"] = chain_report.to_dict()
-    emit_json(doc) if as_json else _print_outcome(doc)
+    emit_json(doc) if as_json else _print_outcome(doc, details)
     for line in chain_report.problems if chain_report is not None else []:
         sys.stderr.write(line + "\n")
     for c in changed:
@@ -403,45 +358,73 @@ WATCH_APPEAR_S = 600.0
 
 
 def _watch(experiment: str, interval: float, appear_s: float | None = None) -> None:
-    """Poll the store: a line whenever the progress changes (rewritten in place on a terminal),
-    until the experiment is no longer queued or running; the final status line follows. An
-    experiment not created yet (its `orch run` still in the dry run) is waited for, up to
-    ``appear_s``."""
+    """Poll the store: a line whenever the progress changes (redrawn in place on a terminal,
+    folded at its width), until the experiment is no longer queued or running; the final status
+    line follows. An experiment not created yet (its `orch run` still in the dry run) is waited
+    for, up to ``appear_s``."""
     import time
 
     from orchestrator.control.progress import stored_progress
     from orchestrator.store import NotFound, Store
 
-    tty = sys.stdout.isatty()
+    live = _LiveLine() if sys.stdout.isatty() else None
     shown = None
     appear_s = WATCH_APPEAR_S if appear_s is None else appear_s
-    with Store.open() as store:
-        deadline = time.monotonic() + appear_s
-        waited = False
-        while True:
-            try:
-                p = stored_progress(store, experiment)
-            except NotFound:
-                if time.monotonic() >= deadline:
-                    raise UserError(f"no experiment {experiment!r} appeared within {appear_s:.0f}s "
-                                    "(`orch status` lists them)") from None
-                if not waited:
-                    say(f"waiting for experiment {experiment} to start (its run may still be in the dry run)")
-                    waited = True
+    try:
+        with Store.open() as store:
+            deadline = time.monotonic() + appear_s
+            waited = False
+            while True:
+                try:
+                    p = stored_progress(store, experiment)
+                except NotFound:
+                    if time.monotonic() >= deadline:
+                        raise UserError(f"no experiment {experiment!r} appeared within {appear_s:.0f}s "
+                                        "(`orch status` lists them)") from None
+                    if not waited:
+                        say(f"waiting for experiment {experiment} to start (its run may still be in the dry run)")
+                        waited = True
+                    time.sleep(interval)
+                    continue
+                if not p.running:
+                    break
+                if live is not None:
+                    live.show(p.eta_line())
+                elif p.line() != shown:
+                    say(p.eta_line())
+                shown = p.line()
+                sys.stdout.flush()
                 time.sleep(interval)
-                continue
-            if not p.running:
-                break
-            if tty:
-                sys.stdout.write("\r\x1b[K" + p.eta_line())
-            elif p.line() != shown:
-                say(p.eta_line())
-            shown = p.line()
-            sys.stdout.flush()
-            time.sleep(interval)
-    if tty and shown is not None:
-        sys.stdout.write("\r\x1b[K")
+    finally:
+        if live is not None:
+            live.close()
     sys.stdout.flush()
+
+
+class _LiveLine:
+    """One status line redrawn in place on a terminal: rich folds it at the terminal's width
+    and erases every row it took before drawing the next (a carriage return erases only the
+    last row of a line the terminal wrapped, and left the others behind)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.live = Live(console=Console(highlight=False), auto_refresh=False, transient=True,
+                         redirect_stdout=False, redirect_stderr=False)
+        self.started = False
+
+    def show(self, line: str) -> None:
+        from rich.text import Text
+
+        if not self.started:
+            self.live.start()
+            self.started = True
+        self.live.update(Text(line), refresh=True)
+
+    def close(self) -> None:
+        if self.started:
+            self.live.stop()
 
 
 @app.command("submit")

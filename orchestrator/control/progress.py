@@ -53,6 +53,14 @@ class SoFar:
             return head
         return head + " | attainment " + ", ".join(f"{name} {k / self.ended:.2f}" for name, k in self.kept)
 
+    def compact(self) -> str:
+        """``so far: 412/900 | interactive 0.97, batch 1.00`` (a narrow terminal's)."""
+        of = f"/{self.scheduled}" if self.scheduled is not None else ""
+        head = f"so far: {self.ended}{of}"
+        if not self.ended:
+            return head
+        return head + " | " + ", ".join(f"{name} {k / self.ended:.2f}" for name, k in self.kept)
+
 
 class AttainmentTally:
     """Counts a point's measure-window records as the load generator hands them over (its sink
@@ -210,33 +218,53 @@ class RichProgress(PlainProgress):
             point_left_s=point_left,
         )
 
-    def lines(self) -> list[str]:
-        """What the display shows now (three lines at most)."""
+    def lines(self, width: int | None = None) -> list[str]:
+        """What the display shows now (three lines at most), each within ``width`` columns when
+        given (the terminal's): a compact form of a line that does not fit, cut last."""
         now = self.clock()
         est = self.estimate()
         point, current, so_far = self.point, self.current, self.so_far
-        head = f"runs {est.done_runs}/{est.total_runs} done, ETA {format_duration(est.remaining_s)}"
+        runs = f"runs {est.done_runs}/{est.total_runs} done, ETA {format_duration(est.remaining_s)}"
+        head = [runs]
         if current is not None:
             block, arm, attempt = current
-            head += (f" | block {block} arm {arm}" + (f" (attempt {attempt})" if attempt else "")
-                     + f", {format_duration(now - self.run_t0)} in this run")
-        out = [head]
+            took = format_duration(now - self.run_t0)
+            head = [runs + f" | block {block} arm {arm}" + (f" (attempt {attempt})" if attempt else "")
+                    + f", {took} in this run",
+                    f"runs {est.done_runs}/{est.total_runs}, ETA {format_duration(est.remaining_s)} | block {block} "
+                    f"arm {arm}" + (f" #{attempt}" if attempt else "") + f", {took}",
+                    runs]
+        out = [_fit(head, width)]
+        last = f" | last: {self.last_point}" if self.last_point else ""
         if point is not None:
             label, seconds, t0 = point
             done = max(0.0, min(now - t0, seconds))
-            out.append(f"point {label}: {done:.0f}/{seconds:.0f}s {_bar(done / seconds if seconds else 1.0)}"
-                       + (f" | last: {self.last_point}" if self.last_point else ""))
+            fraction = done / seconds if seconds else 1.0
+            at = f"point {label}: {done:.0f}/{seconds:.0f}s "
+            out.append(_fit([at + _bar(fraction) + last, at + _bar(fraction, 10) + last, at + _bar(fraction, 10)],
+                            width))
             if so_far is not None:
-                out.append(so_far.text())
+                out.append(_fit([so_far.text(), so_far.compact()], width))
         elif current is not None:
-            out.append("deploying" if not self.last_point else f"last: {self.last_point}")
+            out.append(_fit(["deploying" if not self.last_point else f"last: {self.last_point}"], width))
         return out
 
     def __rich__(self) -> Text:
-        return Text("\n".join(self.lines()))
+        return Text("\n".join(self.lines(self.console.width)))
 
     def close(self) -> None:
         self.live.stop()
+
+
+def _fit(forms: Sequence[str], width: int | None) -> str:
+    """The first of a line's ``forms`` (longest first) that fits ``width``; else the last, cut
+    with an ellipsis (a live line never wraps: the display redraws whole lines)."""
+    if width is None:
+        return forms[0]
+    for form in forms:
+        if len(form) <= width:
+            return form
+    return forms[-1][: max(0, width - 1)] + "…"
 
 
 def _bar(fraction: float, width: int = 20) -> str:

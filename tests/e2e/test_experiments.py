@@ -137,8 +137,11 @@ def test_a_capacity_at_the_generators_ceiling_is_a_bound_not_a_point(store, stat
     assert v["verdict"] == "INCONCLUSIVE" and v["label"] == j.label and "one-sided 95% bound" in v["label"]
     assert v["blocks"] == 2 and v["blocks_used"] == [0, 1] and v["dropped"] == []
     assert [c["block"] for c in v["censored"]] == [0, 1] and "ceiling" in v["censored"][0]["why"]
-    _, text, _ = orch_here("verdict", out.experiment_name, env=env, monkeypatch=monkeypatch, capsys=capsys)
+    _, text, _ = orch_here("verdict", out.experiment_name, "--details", env=env, monkeypatch=monkeypatch,
+                           capsys=capsys)
     assert f"interval: {j.label}" in text and "censored block 1:" in text and "blocks used: 0, 1" in text
+    _, text, _ = orch_here("verdict", out.experiment_name, env=env, monkeypatch=monkeypatch, capsys=capsys)
+    assert "2 of 2 blocks censored: A at the load generator's ceiling" in text and "censored block" not in text
 
 
 def test_a_bar_rate_above_the_generators_ceiling_voids_the_run_with_its_reason(store, state) -> None:
