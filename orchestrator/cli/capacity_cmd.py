@@ -48,7 +48,7 @@ HISTORY_COLUMNS = (
 PARETO_COLUMNS = (
     Column("#", 0), Column("model", 2, fold=True), Column("workload", 1, fold=True, min_width=12),
     Column("source", 1, fold=True, min_width=9), Column("configuration", 0, fold=True, min_width=16),
-    Column("rate req/s", 0, "right"), Column("tok/s per user", 0, "right"), Column("TPOT p50 ms", 3, "right"),
+    Column("rate", 0, "right"), Column("tok/s per user", 0, "right"), Column("TPOT p50 ms", 3, "right"),
     Column("tok/s per GPU", 0, "right"))
 SIZING_COLUMNS = (
     Column("#", 0), Column("configuration", 0, fold=True, min_width=16), Column("source", 1, fold=True, min_width=9),
