@@ -152,8 +152,13 @@ def calibrated(plan: Plan, root: Path, refresh: bool = False) -> Ceiling | None:
             rate = float(doc["ceiling_rate"])
             limit = CALIBRATION_MAX_AGE_S if rate > 0 else NO_CEILING_MAX_AGE_S
             then, now = float(doc.get("load_per_cpu", 0.0)), _load_per_cpu()
+            capped = doc.get("capped_at")
             if rate > 0 and doc.get("version") != __version__:
                 why = "measured by another version"
+            elif capped is not None and (need := _needed_rate(plan)) is not None and need > float(capped):
+                why = f"the cached one was measured only up to {float(capped):g} req/s; this plan offers {need:g}"
+            elif capped is not None and _needed_rate(plan) is None:
+                why = f"the cached one was measured only up to {float(capped):g} req/s"
             elif age >= limit:
                 why = f"the cached one is {_ago(age)} old"
             elif now > then + LOAD_SLACK:
@@ -165,11 +170,21 @@ def calibrated(plan: Plan, root: Path, refresh: bool = False) -> Ceiling | None:
     from orchestrator.loadgen.calibrate import calibrate
 
     load = _load_per_cpu()
+    need = _needed_rate(plan)
     cal = calibrate(output_tokens=plan.workload.output_tokens, api=plan.workload.api, step_s=2.0,
-                    min_requests=100, bisections=2)
+                    min_requests=100, bisections=2, max_rate=need if need is not None else 20000.0)
     path.write_text(json.dumps({"at": time.time(), "version": __version__, "load_per_cpu": load, **cal.to_dict()},
                                default=str))
     return Ceiling(cal.ceiling_rate or None, 0.0, why)
+
+
+def _needed_rate(plan: Plan) -> float | None:
+    """The highest request rate an open-loop plan offers (its search's top, a bar's fixed rate):
+    its calibration need only show that one process holds it. None (the whole ladder) for
+    closed-loop and session plans, whose request rate is not the plan's rate."""
+    if plan.workload.kind in ("closed", "sessions"):
+        return None
+    return max([plan.search.rate.max, *(b.rate for b in plan.bars if b.rate is not None)])
 
 
 def generator_ceiling(plan: Plan, root: Path, refresh: bool = False) -> float | None:

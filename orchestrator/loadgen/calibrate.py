@@ -25,6 +25,7 @@ from orchestrator.loadgen.workloads import build_requests
 from orchestrator.plan.workload import OpenLoop, Workload
 
 P = ParamSpec("P")
+MAX_STEP_S = 8.0
 
 @dataclass
 class CalibrationStep:
@@ -53,6 +54,7 @@ class Calibration:
     cpus: int
     host: str
     steps: list[CalibrationStep] = field(default_factory=list)
+    capped_at: float | None = None  # the ladder stopped at this rate, which held: the ceiling is at least it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,6 +91,11 @@ async def calibrate_async(
 ) -> Calibration:
     """Run the ladder against a fresh null server (its own process); returns the ceiling.
 
+    ``max_rate`` caps the ladder: a plan that never offers more than R req/s needs only to
+    know R holds (``capped_at``), not how far above it the generator would go. A step lasts
+    ``min_requests / rate`` seconds, at least ``step_s`` and at most ``MAX_STEP_S`` (a step
+    down the ladder on a busy machine would otherwise run a minute).
+
     Up from ``start_rate`` by doubling, then bisection. A failed step is run again up to
     ``retries`` times before it counts: with a few hundred requests the p99 lag is nearly the
     maximum, and one OS hiccup on a shared machine must not set the ceiling. When even
@@ -104,7 +111,7 @@ async def calibrate_async(
     with NullServerProcess(cfg) as url:
 
         async def attempt(rate: float, n: int) -> bool:
-            duration = max(step_s, min_requests / rate)
+            duration = max(step_s, min(min_requests / rate, MAX_STEP_S))
             offs = open_loop_offsets(arrival, rate, duration, derive_seed(seed, "calibrate", rate, n))
             reqs = build_requests(wl, len(offs), derive_seed(seed, "calibrate-prompts", rate, n))
             s = await run_point(url, "null", reqs, offs, ["measure"] * len(offs), api=api,
@@ -121,14 +128,15 @@ async def calibrate_async(
             return False
 
         good, bad = 0.0, math.inf
-        rate = start_rate
-        while rate <= max_rate:
-            if await step(rate):
-                good = rate
-                rate *= 2
-            else:
+        rate = min(start_rate, max_rate)
+        while True:
+            if not await step(rate):
                 bad = rate
                 break
+            good = rate
+            if rate >= max_rate:
+                break
+            rate = min(rate * 2, max_rate)
         rate = start_rate / 2
         while good == 0 and rate >= start_rate * min_rate_share:
             if await step(rate):
@@ -157,6 +165,7 @@ async def calibrate_async(
         cpus=os.cpu_count() or 1,
         host=platform.node(),
         steps=steps,
+        capped_at=good if good > 0 and good >= max_rate else None,
     )
 
 

@@ -122,3 +122,30 @@ def test_a_cached_ceiling_is_reused_with_its_age_unless_the_machine_got_busier(
     monkeypatch.setenv("ORCH_RECALIBRATE", "1")
     fourth = session.calibrated(plan, tmp_path)
     assert fourth is not None and fourth.why == "ORCH_RECALIBRATE=1" and len(calls) > n
+
+
+def test_the_ladder_stops_at_the_plans_highest_rate_and_a_plan_offering_more_measures_again(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 32 (item 7): a plan that never offers more than R req/s needs only to know R holds;
+    the cached ceiling says how far it was measured, and a plan offering more measures again."""
+    calls = _fake_generator(monkeypatch, lambda r: 0.0002 if r <= 500 else 0.01)
+    capped = _run(start_rate=25.0, max_rate=64.0)
+    assert capped.ceiling_rate == 64.0 and capped.capped_at == 64.0 and max(calls) == 64.0
+    assert _run(start_rate=25.0).capped_at is None  # the whole ladder: the ceiling itself
+
+    from orchestrator.control import session
+    from orchestrator.plan import load_plan_file
+
+    plan = load_plan_file(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+    monkeypatch.delenv("ORCH_SKIP_CALIBRATION", raising=False)
+    monkeypatch.delenv("ORCH_RECALIBRATE", raising=False)
+    monkeypatch.setattr(session, "_load_per_cpu", lambda: 0.1)
+    calls.clear()
+    first = session.calibrated(plan, tmp_path)
+    assert first is not None and first.rate == plan.search.rate.max and max(calls) == plan.search.rate.max
+    n = len(calls)
+    assert session.calibrated(plan, tmp_path) is not None and len(calls) == n  # reused
+    faster = plan.model_copy(update={"search": plan.search.model_copy(update={"rate": plan.search.rate.model_copy(
+        update={"max": 2 * plan.search.rate.max})})})
+    again = session.calibrated(faster, tmp_path)
+    assert again is not None and "measured only up to" in again.why and max(calls) == 2 * plan.search.rate.max
