@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # Heavy parts (control, store: pandas, scipy, sqlalchemy) are imported inside the commands so
 # `orch --help` and the other commands start quickly.
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 # `orch verdict --verify`: a finished run's records no longer give the digest stored with it.
 VERIFY_EXIT = 6
 
@@ -130,19 +130,18 @@ def run(
 
 @app.command("demo")
 def demo(as_json: bool = JSON_OPTION) -> None:
-    """The quickstart plan (examples/quickstart.yaml), end to end on embedded defaults:
-    SQLite, this machine, simulated H200s behind the real vllm-router."""
+    """The demo plan (examples/demo.yaml), end to end on embedded defaults: SQLite, this
+    machine, simulated H200s behind the real vllm-router; sized to end in minutes."""
     from orchestrator.control.session import run_plan
     from orchestrator.store import Store
 
-    if not QUICKSTART.exists():
-        raise UserError(f"{QUICKSTART} not found: run `orch demo` from a checkout of the repository")
+    if not DEMO.exists():
+        raise UserError(f"{DEMO} not found: run `orch demo` from a checkout of the repository")
     from orchestrator.control.session import state_dir
     from orchestrator.report import write_report
 
-    plan = load_plan_file(QUICKSTART)
-    # The demo shows the pipeline end to end, not a verdict: its simulator predicts the bar
-    # fails, which the warning says (README).
+    plan = load_plan_file(DEMO)
+    # The demo shows the pipeline end to end: a low predicted power is said, never asked about.
     _check_power(plan, yes=False, allow_low_power=True)
     with Store.open() as store:
         out = run_plan(plan, store, new=True)
