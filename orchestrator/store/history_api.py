@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store import history, summaries
+from orchestrator.store import history, history_censored, summaries
 
 
 class HistoryQueries:
@@ -49,3 +49,7 @@ class HistoryQueries:
     def load_points(self, **filters: Any) -> pd.DataFrame:
         """See history.load_points."""
         return history.load_points(self.engine, **filters)
+
+    def capacity_intervals(self, **filters: Any) -> pd.DataFrame:
+        """See history_censored.capacity_intervals."""
+        return history_censored.capacity_intervals(self.engine, **filters)
