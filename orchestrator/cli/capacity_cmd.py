@@ -151,8 +151,10 @@ def capacity(
                             "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
         _print_pareto(filters, as_json, plot)
         return
+    from orchestrator.report.capacity_history import capacity_history
+
     with Store.open() as store:
-        frame = store.capacity_by_config(**filters)
+        frame = capacity_history(store, **filters)  # every valid run, censored ones too
         drawn = None
         if plot is not None and not frame.empty:
             from orchestrator.report.history import plot_capacity_history
@@ -256,8 +258,11 @@ def _print_table(frame: pd.DataFrame) -> None:
     from rich.console import JustifyMethod
     from rich.table import Table
 
+    from orchestrator.report.capacity_history import median_cell, quartiles_cell, runs_text
+
     table = Table(title="capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
-                  "simulated and measured never pooled)", title_justify="left", header_style="bold")
+                  "simulated and measured never pooled; median of every run, censored ones too, with its "
+                  "interval; quartiles of the points)", title_justify="left", header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("class", "left"), ("limits ttft/tpot", "left"), ("model", "left"), ("configuration", "left"),
         ("workload", "left"), ("source", "left"), ("runs", "right"), ("median tok/s", "right"),
@@ -273,9 +278,10 @@ def _print_table(frame: pd.DataFrame) -> None:
         spread = "-" if pd.isna(r.spread) else f"{r.spread:.1%}"
         wl = f"{r.workload} [{r.workload_sha256[:8]}]" if r.workload_sha256 else "unknown"
         source = ("SIMULATED" if r.simulated else "measured") + (f" ({r.backend})" if r.backend else "")
+        row = r._asdict()
         _row(
-            table, cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
-            f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
+            table, cls, _limits(r), r.model, r.label, wl, source, runs_text(row), median_cell(row),
+            quartiles_cell(row), spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d"),
         )
     _console().print(table)
 
@@ -385,10 +391,12 @@ def capacity_plan(
             filters.update(ttft_ms=limits[0], tpot_ms=limits[1])
         if not simulated:
             filters["simulated"] = False
-        frame = store.capacity_by_config(**filters)
+        from orchestrator.report.capacity_history import capacity_history
+
+        frame = capacity_history(store, **filters)  # every valid run, censored ones too
         frame = frame[frame["layout"] != "external"] if not frame.empty else frame
         details = store.config_details([int(i) for i in frame["config_id"]]) if not frame.empty else {}
-        others = store.capacity_by_config(model=model, service_class=service_class) if frame.empty else None
+        others = store.capacity_intervals(model=model, service_class=service_class) if frame.empty else None
     from orchestrator.report.history import size_configurations
 
     ranked = size_configurations(frame, details, rate=rate, output_tokens=float(out_tokens), prices=prices,
@@ -422,7 +430,7 @@ def capacity_plan(
         _print_sizing(shown)
         say(price_note)
         say("copies scale the measured deployment linearly behind a router (an assumption); "
-            "the range is from the runs' quartiles")
+            "the median counts every valid run (censored ones too); the range is from the points' quartiles")
     if thin_reasons:
         say("evidence is thin: " + "; ".join(thin_reasons))
         if write_plan is None and not ranked.empty:
@@ -488,6 +496,8 @@ def _write_settle_plan(path: Path, model: str, service_class: str, limits: tuple
 def _print_sizing(frame: pd.DataFrame) -> None:
     from rich.table import Table
 
+    from orchestrator.report.capacity_history import median_text, runs_text
+
     table = Table(title="configurations that can serve it, cheapest first", title_justify="left", header_style="bold")
     for name in ("#", "configuration", "source", "runs", "tok/s per copy (p25-p75)", "deploy", "GPUs",
                  "GPU-h/day", "USD/day (range)", "USD per 1M out tok", "thin evidence"):
@@ -497,8 +507,8 @@ def _print_sizing(frame: pd.DataFrame) -> None:
             f"{r['cost_day']:,.0f} ({r['cost_day_low']:,.0f}-{r['cost_day_high']:,.0f})")
         per_m = "-" if r["usd_per_m_output_tokens"] is None else f"{r['usd_per_m_output_tokens']:.2f}"
         _row(
-            table, str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
-            f"{r['median']:,.0f} ({r['p25']:,.0f}-{r['p75']:,.0f})",
+            table, str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", runs_text(r),
+            f"{median_text(r)} ({r['p25']:,.0f}-{r['p75']:,.0f})",
             f"{r['copies']}x = {r['shape']}" + (f" ({r['copies_low']}-{r['copies_high']}x)"
                                               if r["copies_low"] != r["copies_high"] else ""),
             str(r["gpus"]), f"{r['gpu_hours_day']:,.0f}", cost, per_m, "; ".join(r["thin"]) or "-",

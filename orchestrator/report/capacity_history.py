@@ -9,6 +9,7 @@ max and spread stay those of the point estimates (NaN without any), as capacity_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,27 +81,35 @@ def capacity_history(store: Store, **filters: Any) -> pd.DataFrame:
     return frame[list(HISTORY_COLUMNS)].reset_index(drop=True)
 
 
-def runs_text(row: Any) -> str:
-    """A group's runs as a table cell: ``5 = 3 points + 2 censored >= 256`` (``3``: all points)."""
+def runs_text(row: Mapping[str, Any]) -> str:
+    """A group's runs as a table cell: ``5 = 3 points + 2 censored >= 256`` (``3``: all points;
+    a row without the counts, as capacity_by_config's: its runs)."""
+    if "n_points" not in row:
+        return str(row["runs"])
     return describe_runs(_as_median(row))
 
 
-def median_text(row: Any) -> str:
-    """A group's median as a table cell: ``224``, ``>= 1,365`` (censored) or ``<= 40``."""
-    censored = row["median_censored"]
+def median_text(row: Mapping[str, Any]) -> str:
+    """A group's median as a table cell: ``224``, ``>= 1,365`` (censored above) or ``<= 40``."""
+    censored = row.get("median_censored")
     return describe_median(float(row["median"]), censored if isinstance(censored, str) else None)
 
 
-def interval_text(row: Any) -> str:
-    """The median's interval and its coverage: ``149-inf (97%)``."""
+def median_cell(row: Mapping[str, Any]) -> str:
+    """The median and its interval: ``224 (149-inf)``."""
     hi = float(row["median_high"])
-    return f"{float(row['median_low']):,.0f}-{'inf' if not np.isfinite(hi) else f'{hi:,.0f}'} " \
-           f"({float(row['median_level']):.0%})"
+    return f"{median_text(row)} ({float(row['median_low']):,.0f}-{f'{hi:,.0f}' if np.isfinite(hi) else 'inf'})"
 
 
-def _as_median(row: Any) -> CensoredMedian:
+def quartiles_cell(row: Mapping[str, Any]) -> str:
+    """The point estimates' quartiles, ``-`` without a point."""
+    p25, p75 = float(row["p25"]), float(row["p75"])
+    return "-" if np.isnan(p25) else f"{p25:,.0f}-{p75:,.0f}"
+
+
+def _as_median(row: Mapping[str, Any]) -> CensoredMedian:
     def opt(k: str) -> float | None:
-        v = row[k]
+        v = row.get(k)
         return None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
 
     return CensoredMedian(
