@@ -176,7 +176,7 @@ def capacity(
 
 
 def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None) -> None:
-    from orchestrator.report.history import pareto_front
+    from orchestrator.report.history import pareto_front, points_runs, points_runs_text
     from orchestrator.store import Store
 
     keep = ("model", "gpu", "layout", "since_days", "kv_cache_dtype", "max_num_seqs", "tp", "router_policy",
@@ -184,7 +184,9 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
     chosen = {k: filters[k] for k in keep if filters.get(k) is not None}
     with Store.open() as store:
         points = store.load_points(**chosen)
+        censored = store.censored_runs([int(r) for r in points["run_id"]]) if not points.empty else set()
     front = pareto_front(points)
+    counts = points_runs(points, censored)
     drawn = None
     if plot is not None and not points.empty:
         from orchestrator.report.pareto import pareto_figure
@@ -197,8 +199,9 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         warn(f"{drawn.left_out} more model/workload group(s) not drawn (at most {len(drawn.panels)} panels): "
              "narrow with --model or --workload")
     if as_json:
-        doc: dict[str, Any] = {"filters": chosen,
-                               "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]}
+        doc: dict[str, Any] = {"filters": chosen, **counts,
+                               "rows": [{**{k: _cell(v) for k, v in r.items()}, "run_censored": int(r["run_id"]) in censored}
+                                        for r in front.to_dict("records")]}
         if plot is not None:
             doc["plot"] = str(drawn.path.resolve()) if drawn else None
             doc["plotted_points"] = drawn.points if drawn else 0
@@ -226,6 +229,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
                       "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
                       f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
     _console().print(table)
+    say(points_runs_text(counts))
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "
             f"{len(drawn.front)} on the front, numbered: {drawn.path.resolve()}")
@@ -430,7 +434,8 @@ def capacity_plan(
         _print_sizing(shown)
         say(price_note)
         say("copies scale the measured deployment linearly behind a router (an assumption); "
-            "the median counts every valid run (censored ones too); the range is from the points' quartiles")
+            "the median counts every valid run (censored ones too); the range is from the points' quartiles, "
+            "widened to the median")
     if thin_reasons:
         say("evidence is thin: " + "; ".join(thin_reasons))
         if write_plan is None and not ranked.empty:

@@ -100,7 +100,8 @@ def size_configurations(
     A group's measured deployment is copied ``copies = ceil(rate x output_tokens x (1 +
     headroom) / median capacity)`` times (capacity: goodput tok/s at >= 90% attainment; copies
     scale linearly behind a router, an assumption); the quartiles give the range (p75: fewest
-    copies, p25: most). GPUs = copies x the configuration's GPUs; GPU-hours per day = GPUs x 24;
+    copies, p25: most), widened to the median where it lies outside them (runs censored above
+    raise a median over its points). GPUs = copies x the configuration's GPUs; GPU-hours per day = GPUs x 24;
     cost per day at the GPU's price; USD per million output tokens = cost per hour / (output
     tokens served per hour / 1e6). Ranked by cost per day (unpriced GPUs last, by GPUs), then
     GPUs, then configuration id. ``thin`` lists why the evidence is weak: few runs, old runs,
@@ -125,8 +126,10 @@ def size_configurations(
             return max(1, math.ceil(need / capacity - 1e-9)) if capacity > 0 else 0
 
         copies = copies_at(r["median"])
-        # the points' quartiles give the range; a group of censored runs only has none: the median
-        p25, p75 = (r["median"] if pd.isna(r[q]) else r[q] for q in ("p25", "p75"))
+        # the points' quartiles give the range, widened to the median where runs censored above
+        # (or below) put it outside them; a group of censored runs only has none: the median
+        p25 = r["median"] if pd.isna(r["p25"]) else min(r["p25"], r["median"])
+        p75 = r["median"] if pd.isna(r["p75"]) else max(r["p75"], r["median"])
         low, high = copies_at(p75), copies_at(p25)
         if copies == 0:
             continue  # a zero capacity serves nothing at any size
@@ -229,3 +232,18 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     keep = p.index[p["tok_s_per_gpu"] > best_before]
     front = p.loc[keep]
     return front[list(PARETO_COLUMNS)].reset_index(drop=True)
+
+
+def points_runs(points: pd.DataFrame, censored: set[int]) -> dict[str, int]:
+    """How many valid runs a front's points come from, and how many of those runs have a censored
+    or unconverged capacity (``censored``: their ids): their points count like any other's."""
+    runs = {int(r) for r in points["run_id"]} if not points.empty else set()
+    return {"runs": len(runs), "censored_runs": len(runs & censored)}
+
+
+def points_runs_text(counts: dict[str, int]) -> str:
+    """``points of 7 valid runs = 5 with a point capacity + 2 censored (counted like the rest)``."""
+    n, k = counts["runs"], counts["censored_runs"]
+    if not k:
+        return f"points of {n} valid run(s), every capacity a point"
+    return f"points of {n} valid run(s) = {n - k} with a point capacity + {k} censored or unconverged (counted too)"

@@ -53,3 +53,7 @@ class HistoryQueries:
     def capacity_intervals(self, **filters: Any) -> pd.DataFrame:
         """See history_censored.capacity_intervals."""
         return history_censored.capacity_intervals(self.engine, **filters)
+
+    def censored_runs(self, run_ids: list[int]) -> set[int]:
+        """See history_censored.censored_runs."""
+        return history_censored.censored_runs(self.engine, run_ids)

@@ -63,3 +63,16 @@ def capacity_intervals(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     frame["censored"] = frame["censored"].astype(object).where(frame["censored"].notna(), None)
     frame["upper"] = frame["upper"].astype(object).where(frame["upper"].notna(), None)
     return frame[list(INTERVAL_COLUMNS)]
+
+
+def censored_runs(engine: sa.Engine, run_ids: list[int]) -> set[int]:
+    """Those of ``run_ids`` with a capacity that is no point estimate (censored, unconverged, or
+    zero: no rate passed) at any class."""
+    ids = sorted({int(r) for r in run_ids})
+    out: set[int] = set()
+    not_point = sa.or_(Capacity.censored.is_not(None), Capacity.converged.is_(False), Capacity.capacity <= 0)
+    with engine.connect() as conn:
+        for start in range(0, len(ids), 5000):
+            out.update(conn.scalars(sa.select(Capacity.run_id).where(
+                Capacity.run_id.in_(ids[start:start + 5000]), not_point).distinct()))
+    return out
