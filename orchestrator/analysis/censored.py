@@ -37,6 +37,7 @@ _EM_TOL = 1e-12
 ABOVE = ("above_max", "at_ceiling")
 
 Side = Literal["above", "below"]
+Kind = Literal["point", "above", "below", "unconverged"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ class RunInterval:
 
     lower: float
     upper: float
-    kind: Literal["point", "above", "below", "unconverged"]
+    kind: Kind
 
 
 def run_interval(capacity: float, censored: str | None, converged: bool, upper: float | None) -> RunInterval:

@@ -16,11 +16,14 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.analysis.censored import (
+    ABOVE,
     CensoredMedian,
+    Kind,
+    RunInterval,
     censored_median,
     describe_median,
     describe_runs,
-    run_interval,
+    order_statistic_k,
 )
 from orchestrator.store.history import BY_CONFIG_COLUMNS, KEY_COLUMNS
 
@@ -39,26 +42,78 @@ _FIRST = [c for c in BY_CONFIG_COLUMNS if c not in (*_GROUP, "runs", "median", "
                                                     "last_measured")]
 
 
-def _group_row(g: pd.DataFrame) -> dict[str, Any]:
-    """One comparable group's figures from its runs' rows (store.capacity_intervals')."""
-    runs = [run_interval(c, s, bool(v), u)
-            for c, s, v, u in zip(g["capacity"], g["censored"], g["converged"], g["upper"], strict=True)]
-    m = censored_median(runs)
-    points = np.sort(np.array([r.lower for r in runs if r.kind == "point"], dtype=float))
-    if len(points):  # the point estimates' quartiles, linear as percentile_cont
-        p25, mid, p75 = (float(np.quantile(points, q)) for q in (0.25, 0.5, 0.75))
-    else:
-        p25 = mid = p75 = np.nan
-    first = g.iloc[0]
-    return {
-        **{c: first[c] for c in (*_GROUP, *_FIRST)}, "runs": m.runs, "median": m.median,
-        "p25": p25, "p75": p75, "min": float(points[0]) if len(points) else np.nan,
-        "max": float(points[-1]) if len(points) else np.nan, "spread": (p75 - p25) / mid if mid else np.nan,
-        "last_measured": g["last_measured"].max(),
-        "n_points": m.n_points, "n_censored_above": m.n_censored_above, "n_censored_below": m.n_censored_below,
-        "n_unconverged": m.n_unconverged, "censored_above_from": m.above_from, "censored_below_to": m.below_to,
-        "median_censored": m.censored, "median_low": m.low, "median_high": m.high, "median_level": m.level,
-    }
+def _kinds(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every run's interval and kind, vectorised as analysis.censored.run_interval reads one:
+    (lower, upper, kind code: 0 point, 1 censored above, 2 below, 3 unconverged)."""
+    value = np.maximum(raw["capacity"].to_numpy(dtype=float), 0.0)
+    upper = pd.to_numeric(raw["upper"], errors="coerce").to_numpy(dtype=float)
+    hi = np.where(np.isfinite(upper), np.maximum(upper, value), np.inf)
+    censored = raw["censored"].to_numpy(dtype=object)
+    none = pd.isna(censored)
+    converged = raw["converged"].to_numpy(dtype=bool)
+    point = none & converged & (value > 0)
+    above = np.isin(censored, ABOVE)
+    below = ~point & ((censored == "below_min") | (none & converged))
+    kind = np.select([point, above, below], [0, 1, 2], default=3)
+    lower = np.where(kind == 2, 0.0, value)
+    return lower, np.where(point, value, hi), kind
+
+
+def _at(sorted_values: np.ndarray, start: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
+    """Per group, the linear-interpolation quantile q of its run of ``sorted_values`` (from
+    ``start``, ``n`` long; NaN where n is 0): summaries.quantile's formula, vectorised."""
+    out = np.full(len(n), np.nan)
+    has = n > 0
+    pos = (n[has] - 1) * q
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, n[has] - 1)
+    a, b = sorted_values[start[has] + lo], sorted_values[start[has] + hi]
+    out[has] = a + (b - a) * (pos - lo)
+    return out
+
+
+def _figures(raw: pd.DataFrame) -> pd.DataFrame:
+    """Every group's figures from its runs' rows (store.capacity_intervals'): vectorised where all
+    of a group's runs are points (the NPMLE is then the empirical distribution), the NPMLE per
+    group where any is not."""
+    gid = raw.groupby(_GROUP, sort=False, dropna=False).ngroup().to_numpy()
+    groups = int(gid.max()) + 1
+    lower, upper, kind = _kinds(raw)
+    counts = np.stack([np.bincount(gid[kind == k], minlength=groups) for k in range(4)])
+    runs, n = counts.sum(axis=0), counts[0]
+    # the points of each group, sorted: quartiles, min, max and (all points) the median's interval
+    pts = kind == 0
+    order = np.lexsort((lower[pts], gid[pts]))
+    values = np.append(lower[pts][order], np.nan)  # the pad: a group with no point indexes it
+    start = np.concatenate([[0], np.cumsum(n)[:-1]])
+    p25, mid, p75 = (_at(values, start, n, q) for q in (0.25, 0.5, 0.75))
+    ks = {int(m): order_statistic_k(int(m)) for m in np.unique(n[n > 0])}
+    k = np.array([ks[int(m)][0] if m > 0 else 1 for m in n])
+    has = n > 0
+
+    def nth(index: np.ndarray) -> np.ndarray:  # each group's point at ``index``, NaN without points
+        return np.where(has, values[np.clip(index, 0, len(values) - 1)], np.nan)
+
+    first = np.unique(gid, return_index=True)[1]
+    out = raw.iloc[first][[*_GROUP, *_FIRST]].reset_index(drop=True)
+    out = out.assign(
+        runs=runs, median=mid, p25=p25, p75=p75, min=nth(start), max=nth(start + n - 1),
+        spread=np.where(has & (mid != 0), (p75 - p25) / np.where(mid != 0, mid, 1.0), np.nan),
+        last_measured=raw.groupby(gid)["last_measured"].max().to_numpy(),
+        n_points=n, n_censored_above=counts[1], n_censored_below=counts[2], n_unconverged=counts[3],
+        censored_above_from=pd.Series(lower[kind == 1]).groupby(gid[kind == 1]).min().reindex(range(groups)).to_numpy(),
+        censored_below_to=pd.Series(upper[kind == 2]).groupby(gid[kind == 2]).max().reindex(range(groups)).to_numpy(),
+        median_censored=None, median_low=nth(start + k - 1), median_high=nth(start + n - k),
+        median_level=[ks[int(m)][1] if m > 0 else np.nan for m in n],
+    )
+    names: tuple[Kind, ...] = ("point", "above", "below", "unconverged")
+    for g in np.flatnonzero(runs != n):  # a censored or unconverged run: the NPMLE of the group
+        mine = gid == g
+        m = censored_median([RunInterval(float(lo), float(hi), names[c])
+                             for lo, hi, c in zip(lower[mine], upper[mine], kind[mine], strict=True)])
+        out.loc[g, ["median", "median_low", "median_high", "median_level"]] = [m.median, m.low, m.high, m.level]
+        out.loc[g, "median_censored"] = m.censored
+    return out
 
 
 def capacity_history(store: Store, **filters: Any) -> pd.DataFrame:
@@ -72,8 +127,7 @@ def capacity_history(store: Store, **filters: Any) -> pd.DataFrame:
     raw = store.capacity_intervals(**filters)
     if raw.empty:
         return pd.DataFrame(columns=list(HISTORY_COLUMNS))
-    rows = [_group_row(g) for _, g in raw.groupby(_GROUP, sort=False, dropna=False)]
-    frame = pd.DataFrame(rows)
+    frame = _figures(raw)
     frame["simulated"] = frame["simulated"].astype(bool)
     frame["last_measured"] = pd.to_datetime(frame["last_measured"], utc=True)
     frame = frame.sort_values(["class", "median", "config_id", "workload_sha256", "ttft_ms", "tpot_ms", "backend",

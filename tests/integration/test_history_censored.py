@@ -171,3 +171,48 @@ def test_capacity_history_of_all_point_groups_equals_capacity_by_config(orch: Or
             assert len(want) == 1
             assert got[list(want.columns)].to_dict("records") == want.to_dict("records")
             assert (got.loc[0, "n_points"], got.loc[0, "median_low"], got.loc[0, "median_high"]) == (1, 410.0, 410.0)
+
+
+def test_vectorised_figures_equal_the_estimator_group_by_group() -> None:
+    """capacity_history's figures (vectorised for groups of points, the NPMLE for the others)
+    equal censored_median and the points' linear quartiles computed group by group."""
+    import numpy as np
+    import pandas as pd
+
+    from orchestrator.analysis.censored import censored_median, run_interval
+    from orchestrator.report.capacity_history import _figures
+    from orchestrator.store.history_censored import INTERVAL_COLUMNS
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for g in range(60):
+        kinds = rng.choice(["point", "above", "below", "unconverged"], size=int(rng.integers(1, 12)),
+                           p=[0.7, 0.1, 0.1, 0.1] if g % 3 else [1.0, 0.0, 0.0, 0.0])
+        for kind in kinds:
+            v = float(np.round(rng.lognormal(6, 0.4), 1))
+            cap, censored, converged, upper = {
+                "point": (v, None, True, None), "above": (v, "above_max", True, None),
+                "below": (0.0, "below_min", True, v), "unconverged": (v, None, False, v * 1.5)}[str(kind)]
+            rows.append({c: None for c in INTERVAL_COLUMNS} | {
+                "config_id": g // 2, "class": "interactive" if g % 2 else "standard", "ttft_ms": 0.0, "tpot_ms": 0.0,
+                "workload_sha256": "", "backend": "", "simulated": False, "capacity": cap, "censored": censored,
+                "converged": converged, "upper": upper, "last_measured": pd.Timestamp("2026-01-01", tz="UTC")})
+    raw = pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
+    got = _figures(raw)
+    assert len(got) == 60
+    for g, r in enumerate(got.to_dict("records")):
+        mine = raw[(raw["config_id"] == g // 2) & (raw["class"] == ("interactive" if g % 2 else "standard"))]
+        runs = [run_interval(c, s if isinstance(s, str) else None, v, None if pd.isna(u) else u)  # NaN: none
+                for c, s, v, u in zip(mine["capacity"], mine["censored"], mine["converged"], mine["upper"], strict=True)]
+        m = censored_median(runs)
+        assert (r["runs"], r["n_points"], r["n_censored_above"], r["n_censored_below"], r["n_unconverged"]) == (
+            m.runs, m.n_points, m.n_censored_above, m.n_censored_below, m.n_unconverged)
+        assert (r["median"], r["median_low"], r["median_high"], r["median_level"]) == pytest.approx(
+            (m.median, m.low, m.high, m.level))
+        assert r["median_censored"] == m.censored
+        points = sorted(x.lower for x in runs if x.kind == "point")
+        if points:
+            assert (r["p25"], r["p75"], r["min"], r["max"]) == pytest.approx(
+                (np.quantile(points, 0.25), np.quantile(points, 0.75), points[0], points[-1]))
+        else:
+            assert all(math.isnan(r[k]) for k in ("p25", "p75", "min", "max", "spread"))
