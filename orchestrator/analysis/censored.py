@@ -141,6 +141,49 @@ def npmle_median(inner: np.ndarray, mass: np.ndarray, below: bool = False) -> tu
     return (q + p) / 2, None
 
 
+def right_censored_median(points: Sequence[float], above: Sequence[float]) -> tuple[float, Side | None]:
+    """npmle_median of points and runs censored above only, without the EM: there the NPMLE is
+    the product-limit (Kaplan-Meier) estimate, a run censored at c at risk before c only (its
+    interval [c, inf) is closed: it says X >= c), the mass left after the last point on
+    [largest c, inf) when a run is censored above that point."""
+    times = sorted(set(points))
+    if not times:
+        return max(above), "above"
+    lows = sorted(above)
+    n_points = len(points)
+    counts: dict[float, int] = {}
+    for v in points:
+        counts[v] = counts.get(v, 0) + 1
+    # the intervals' left ends in order (points, then the tail's) and their masses
+    ends: list[float] = []
+    masses: list[float] = []
+    survival, seen, gone = 1.0, 0, 0  # seen: points below t; gone: censored at or below t
+    for t in times:
+        while gone < len(lows) and lows[gone] <= t:
+            gone += 1
+        at_risk = (n_points - seen) + (len(lows) - gone)
+        d = counts[t]
+        mass = survival * d / at_risk
+        ends.append(t)
+        masses.append(mass)
+        survival -= mass
+        seen += d
+    if lows and lows[-1] > times[-1]:
+        ends.append(lows[-1])
+        masses.append(survival)
+    cum = 0.0
+    for j, (q, m) in enumerate(zip(ends, masses, strict=True)):
+        cum += m
+        if cum >= 0.5 - _TOL:
+            tail = j == len(times)
+            if tail:
+                return q, "above"
+            if abs(cum - 0.5) <= _TOL and j + 1 < len(ends):
+                return (q + ends[j + 1]) / 2, None
+            return q, None
+    return ends[-1], None  # unreachable: the masses sum to 1
+
+
 def order_statistic_k(n: int, level: float = LEVEL) -> tuple[int, float]:
     """(k, coverage): the largest k with 2 P(Bin(n, 1/2) <= k - 1) <= 1 - level (at least 1), and
     the coverage 1 - 2 P(Bin(n, 1/2) <= k - 1) of [X_(k), X_(n-k+1)]."""
@@ -160,8 +203,12 @@ def censored_median(intervals: Sequence[RunInterval], level: float = LEVEL) -> C
     lo = np.array([r.lower for r in intervals])
     hi = np.array([r.upper for r in intervals])
     kinds = [r.kind for r in intervals]
-    inner, mass = turnbull(lo, hi)
-    median, side = npmle_median(inner, mass, below="below" in kinds)
+    if all(k in ("point", "above") for k in kinds):  # right censoring only: no EM needed
+        median, side = right_censored_median([r.lower for r in intervals if r.kind == "point"],
+                                             [r.lower for r in intervals if r.kind == "above"])
+    else:
+        inner, mass = turnbull(lo, hi)
+        median, side = npmle_median(inner, mass, below="below" in kinds)
     n = len(intervals)
     k, coverage = order_statistic_k(n, level)
     above = [r.lower for r in intervals if r.kind == "above"]

@@ -107,12 +107,21 @@ def _figures(raw: pd.DataFrame) -> pd.DataFrame:
         median_level=[ks[int(m)][1] if m > 0 else np.nan for m in n],
     )
     names: tuple[Kind, ...] = ("point", "above", "below", "unconverged")
-    for g in np.flatnonzero(runs != n):  # a censored or unconverged run: the NPMLE of the group
-        mine = gid == g
-        m = censored_median([RunInterval(float(lo), float(hi), names[c])
-                             for lo, hi, c in zip(lower[mine], upper[mine], kind[mine], strict=True)])
-        out.loc[g, ["median", "median_low", "median_high", "median_level"]] = [m.median, m.low, m.high, m.level]
-        out.loc[g, "median_censored"] = m.censored
+    mixed = np.flatnonzero(runs != n)  # a censored or unconverged run: the NPMLE of the group
+    if len(mixed):
+        by_group = np.argsort(gid, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(runs)])
+        lows, highs, kinds = lower.tolist(), upper.tolist(), kind.tolist()
+        figures = []
+        for g in mixed:
+            rows = by_group[bounds[g]:bounds[g + 1]].tolist()
+            m = censored_median([RunInterval(lows[i], highs[i], names[kinds[i]]) for i in rows])
+            figures.append((m.median, m.low, m.high, m.level, m.censored))
+        for column, figure in zip(("median", "median_low", "median_high", "median_level", "median_censored"),
+                                  zip(*figures, strict=True), strict=True):
+            column_values = out[column].to_numpy(dtype=object if column == "median_censored" else float, copy=True)
+            column_values[mixed] = figure
+            out[column] = pd.Series(column_values, dtype=column_values.dtype)  # object: None stays None
     return out
 
 

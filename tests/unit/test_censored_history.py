@@ -182,3 +182,22 @@ def test_innermost_intervals_of_touching_closed_intervals() -> None:
 def test_no_runs_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one"):
         censored_median([])
+
+
+def test_right_censoring_only_takes_the_product_limit_path_with_the_npmle_median() -> None:
+    """Points and runs censored above only (ties between them included, on a coarse grid): the
+    product-limit path's median is the Turnbull EM's, group by group."""
+    from orchestrator.analysis.censored import npmle_median, right_censored_median
+
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        n = int(rng.integers(1, 14))
+        values = rng.integers(1, 9, size=n).astype(float) * 10  # ties are common
+        censored = rng.random(n) < rng.choice([0.0, 0.2, 0.5, 0.9])
+        points, above = list(values[~censored]), list(values[censored])
+        lo = points + above
+        hi = points + [math.inf] * len(above)
+        inner, mass = turnbull(lo, hi)
+        want = npmle_median(inner, mass)
+        got = right_censored_median(points, above)
+        assert got[1] == want[1] and got[0] == pytest.approx(want[0]), (points, above)
