@@ -400,7 +400,7 @@ def capacity_plan(
         frame = capacity_history(store, **filters)  # every valid run, censored ones too
         frame = frame[frame["layout"] != "external"] if not frame.empty else frame
         details = store.config_details([int(i) for i in frame["config_id"]]) if not frame.empty else {}
-        others = store.capacity_intervals(model=model, service_class=service_class) if frame.empty else None
+        others = store.capacity_runs(model=model, service_class=service_class)[0] if frame.empty else None
     from orchestrator.report.history import size_configurations
 
     ranked = size_configurations(frame, details, rate=rate, output_tokens=float(out_tokens), prices=prices,

@@ -72,14 +72,16 @@ def _at(sorted_values: np.ndarray, start: np.ndarray, n: np.ndarray, q: float) -
     return out
 
 
-def _figures(raw: pd.DataFrame) -> pd.DataFrame:
-    """Every group's figures from its runs' rows (store.capacity_intervals'): vectorised where all
-    of a group's runs are points (the NPMLE is then the empirical distribution), the NPMLE per
-    group where any is not."""
-    gid = raw.groupby(_GROUP, sort=False, dropna=False).ngroup().to_numpy()
-    groups = int(gid.max()) + 1
+def _figures(groups: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
+    """Every group's figures from its runs (store.capacity_runs' ``groups`` and ``runs``): vectorised
+    where all of a group's runs are points (the NPMLE is then the empirical distribution), the
+    NPMLE group by group where any is not. In ``groups``' order."""
+    ids = groups["group_id"].to_numpy(dtype=np.int64)
+    by_id = np.argsort(ids, kind="stable")
+    gid = by_id[np.searchsorted(ids[by_id], raw["group_id"].to_numpy(dtype=np.int64))]  # each run's group row
+    groups_n = len(groups)
     lower, upper, kind = _kinds(raw)
-    counts = np.stack([np.bincount(gid[kind == k], minlength=groups) for k in range(4)])
+    counts = np.stack([np.bincount(gid[kind == k], minlength=groups_n) for k in range(4)])
     runs, n = counts.sum(axis=0), counts[0]
     # the points of each group, sorted: quartiles, min, max and (all points) the median's interval
     pts = kind == 0
@@ -94,15 +96,13 @@ def _figures(raw: pd.DataFrame) -> pd.DataFrame:
     def nth(index: np.ndarray) -> np.ndarray:  # each group's point at ``index``, NaN without points
         return np.where(has, values[np.clip(index, 0, len(values) - 1)], np.nan)
 
-    first = np.unique(gid, return_index=True)[1]
-    out = raw.iloc[first][[*_GROUP, *_FIRST]].reset_index(drop=True)
-    out = out.assign(
+    out = groups[[*_GROUP, *_FIRST]].reset_index(drop=True).assign(
         runs=runs, median=mid, p25=p25, p75=p75, min=nth(start), max=nth(start + n - 1),
         spread=np.where(has & (mid != 0), (p75 - p25) / np.where(mid != 0, mid, 1.0), np.nan),
-        last_measured=raw.groupby(gid)["last_measured"].max().to_numpy(),
+        last_measured=raw["last_measured"].groupby(gid).max().reindex(range(groups_n)).to_numpy(),
         n_points=n, n_censored_above=counts[1], n_censored_below=counts[2], n_unconverged=counts[3],
-        censored_above_from=pd.Series(lower[kind == 1]).groupby(gid[kind == 1]).min().reindex(range(groups)).to_numpy(),
-        censored_below_to=pd.Series(upper[kind == 2]).groupby(gid[kind == 2]).max().reindex(range(groups)).to_numpy(),
+        censored_above_from=pd.Series(lower[kind == 1]).groupby(gid[kind == 1]).min().reindex(range(groups_n)).to_numpy(),
+        censored_below_to=pd.Series(upper[kind == 2]).groupby(gid[kind == 2]).max().reindex(range(groups_n)).to_numpy(),
         median_censored=None, median_low=nth(start + k - 1), median_high=nth(start + n - k),
         median_level=[ks[int(m)][1] if m > 0 else np.nan for m in n],
     )
@@ -133,10 +133,10 @@ def capacity_history(store: Store, **filters: Any) -> pd.DataFrame:
     censored above (``censored_above_from``: the lowest such bound) and below
     (``censored_below_to``: the highest) and unconverged ones. Sorted as capacity_by_config:
     class, median descending, configuration, keys."""
-    raw = store.capacity_intervals(**filters)
-    if raw.empty:
+    groups, runs = store.capacity_runs(**filters)
+    if runs.empty:
         return pd.DataFrame(columns=list(HISTORY_COLUMNS))
-    frame = _figures(raw)
+    frame = _figures(groups, runs)
     frame["simulated"] = frame["simulated"].astype(bool)
     frame["last_measured"] = pd.to_datetime(frame["last_measured"], utc=True)
     frame = frame.sort_values(["class", "median", "config_id", "workload_sha256", "ttft_ms", "tpot_ms", "backend",

@@ -50,9 +50,9 @@ class HistoryQueries:
         """See history.load_points."""
         return history.load_points(self.engine, **filters)
 
-    def capacity_intervals(self, **filters: Any) -> pd.DataFrame:
-        """See history_censored.capacity_intervals."""
-        return history_censored.capacity_intervals(self.engine, **filters)
+    def capacity_runs(self, **filters: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """See history_censored.capacity_runs."""
+        return history_censored.capacity_runs(self.engine, **filters)
 
     def censored_runs(self, run_ids: list[int]) -> set[int]:
         """See history_censored.censored_runs."""

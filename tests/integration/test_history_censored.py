@@ -181,11 +181,14 @@ def test_vectorised_figures_equal_the_estimator_group_by_group() -> None:
 
     from orchestrator.analysis.censored import censored_median, run_interval
     from orchestrator.report.capacity_history import _figures
-    from orchestrator.store.history_censored import INTERVAL_COLUMNS
+    from orchestrator.store.history_censored import GROUPS_COLUMNS, RUN_COLUMNS
 
     rng = np.random.default_rng(11)
-    rows = []
+    groups, runs = [], []
     for g in range(60):
+        groups.append({c: None for c in GROUPS_COLUMNS} | {
+            "group_id": 1000 - g, "config_id": g // 2, "class": "interactive" if g % 2 else "standard",
+            "ttft_ms": 0.0, "tpot_ms": 0.0, "workload_sha256": "", "backend": "", "simulated": False})
         kinds = rng.choice(["point", "above", "below", "unconverged"], size=int(rng.integers(1, 12)),
                            p=[0.7, 0.1, 0.1, 0.1] if g % 3 else [1.0, 0.0, 0.0, 0.0])
         for kind in kinds:
@@ -193,24 +196,25 @@ def test_vectorised_figures_equal_the_estimator_group_by_group() -> None:
             cap, censored, converged, upper = {
                 "point": (v, None, True, None), "above": (v, "above_max", True, None),
                 "below": (0.0, "below_min", True, v), "unconverged": (v, None, False, v * 1.5)}[str(kind)]
-            rows.append({c: None for c in INTERVAL_COLUMNS} | {
-                "config_id": g // 2, "class": "interactive" if g % 2 else "standard", "ttft_ms": 0.0, "tpot_ms": 0.0,
-                "workload_sha256": "", "backend": "", "simulated": False, "capacity": cap, "censored": censored,
-                "converged": converged, "upper": upper, "last_measured": pd.Timestamp("2026-01-01", tz="UTC")})
-    raw = pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
-    got = _figures(raw)
+            runs.append({"group_id": 1000 - g, "capacity": cap, "censored": censored, "converged": converged,
+                         "upper": upper, "last_measured": pd.Timestamp("2026-01-01", tz="UTC")})
+    raw = pd.DataFrame(runs, columns=list(RUN_COLUMNS)).sample(frac=1.0, random_state=3)  # any order
+    raw["censored"] = raw["censored"].astype(object).where(raw["censored"].notna(), None)
+    got = _figures(pd.DataFrame(groups, columns=list(GROUPS_COLUMNS)), raw)
     assert len(got) == 60
     for g, r in enumerate(got.to_dict("records")):
-        mine = raw[(raw["config_id"] == g // 2) & (raw["class"] == ("interactive" if g % 2 else "standard"))]
-        runs = [run_interval(c, s if isinstance(s, str) else None, v, None if pd.isna(u) else u)  # NaN: none
-                for c, s, v, u in zip(mine["capacity"], mine["censored"], mine["converged"], mine["upper"], strict=True)]
-        m = censored_median(runs)
+        assert (r["config_id"], r["class"]) == (g // 2, "interactive" if g % 2 else "standard")
+        mine = raw[raw["group_id"] == 1000 - g]
+        intervals = [run_interval(c, s, v, None if pd.isna(u) else u)
+                     for c, s, v, u in zip(mine["capacity"], mine["censored"], mine["converged"], mine["upper"],
+                                           strict=True)]
+        m = censored_median(intervals)
         assert (r["runs"], r["n_points"], r["n_censored_above"], r["n_censored_below"], r["n_unconverged"]) == (
             m.runs, m.n_points, m.n_censored_above, m.n_censored_below, m.n_unconverged)
         assert (r["median"], r["median_low"], r["median_high"], r["median_level"]) == pytest.approx(
             (m.median, m.low, m.high, m.level))
         assert r["median_censored"] == m.censored
-        points = sorted(x.lower for x in runs if x.kind == "point")
+        points = sorted(x.lower for x in intervals if x.kind == "point")
         if points:
             assert (r["p25"], r["p75"], r["min"], r["max"]) == pytest.approx(
                 (np.quantile(points, 0.25), np.quantile(points, 0.75), points[0], points[-1]))
