@@ -23,6 +23,7 @@ median with at least the binomial level even under censoring. Fewer than 6 runs 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,6 +185,7 @@ def right_censored_median(points: Sequence[float], above: Sequence[float]) -> tu
     return ends[-1], None  # unreachable: the masses sum to 1
 
 
+@functools.lru_cache(maxsize=4096)
 def order_statistic_k(n: int, level: float = LEVEL) -> tuple[int, float]:
     """(k, coverage): the largest k with 2 P(Bin(n, 1/2) <= k - 1) <= 1 - level (at least 1), and
     the coverage 1 - 2 P(Bin(n, 1/2) <= k - 1) of [X_(k), X_(n-k+1)]."""
@@ -198,25 +200,28 @@ def order_statistic_k(n: int, level: float = LEVEL) -> tuple[int, float]:
 
 def censored_median(intervals: Sequence[RunInterval], level: float = LEVEL) -> CensoredMedian:
     """The NPMLE median of ``intervals`` with its order-statistic interval and the counts."""
-    if not intervals:
+    return median_of([r.lower for r in intervals], [r.upper for r in intervals], [r.kind for r in intervals], level)
+
+
+def median_of(lo: list[float], hi: list[float], kinds: list[Kind], level: float = LEVEL) -> CensoredMedian:
+    """censored_median of the intervals [lo_i, hi_i] of kinds ``kinds`` (lists: a history's
+    thousands of groups are each a few runs, where numpy's per-call cost would dominate)."""
+    n = len(kinds)
+    if not n:
         raise ValueError("no runs: a median needs at least one")
-    lo = np.array([r.lower for r in intervals])
-    hi = np.array([r.upper for r in intervals])
-    kinds = [r.kind for r in intervals]
-    if all(k in ("point", "above") for k in kinds):  # right censoring only: no EM needed
-        median, side = right_censored_median([r.lower for r in intervals if r.kind == "point"],
-                                             [r.lower for r in intervals if r.kind == "above"])
+    points = [v for v, c in zip(lo, kinds, strict=True) if c == "point"]
+    above = [v for v, c in zip(lo, kinds, strict=True) if c == "above"]
+    below = [v for v, c in zip(hi, kinds, strict=True) if c == "below"]
+    if len(points) + len(above) == n:  # right censoring only: no EM needed
+        median, side = right_censored_median(points, above)
     else:
         inner, mass = turnbull(lo, hi)
-        median, side = npmle_median(inner, mass, below="below" in kinds)
-    n = len(intervals)
+        median, side = npmle_median(inner, mass, below=bool(below))
     k, coverage = order_statistic_k(n, level)
-    above = [r.lower for r in intervals if r.kind == "above"]
-    below = [r.upper for r in intervals if r.kind == "below"]
     return CensoredMedian(
-        median=median, censored=side, low=float(np.sort(lo)[k - 1]), high=float(np.sort(hi)[n - k]),
-        level=coverage, n_points=kinds.count("point"), n_censored_above=len(above),
-        n_censored_below=len(below), n_unconverged=kinds.count("unconverged"),
+        median=median, censored=side, low=float(sorted(lo)[k - 1]), high=float(sorted(hi)[n - k]),
+        level=coverage, n_points=len(points), n_censored_above=len(above),
+        n_censored_below=len(below), n_unconverged=n - len(points) - len(above) - len(below),
         above_from=min(above) if above else None, below_to=max(below) if below else None,
     )
 

@@ -19,10 +19,9 @@ from orchestrator.analysis.censored import (
     ABOVE,
     CensoredMedian,
     Kind,
-    RunInterval,
-    censored_median,
     describe_median,
     describe_runs,
+    median_of,
     order_statistic_k,
 )
 from orchestrator.store.history import BY_CONFIG_COLUMNS, KEY_COLUMNS
@@ -115,7 +114,7 @@ def _figures(groups: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
         figures = []
         for g in mixed:
             rows = by_group[bounds[g]:bounds[g + 1]].tolist()
-            m = censored_median([RunInterval(lows[i], highs[i], names[kinds[i]]) for i in rows])
+            m = median_of([lows[i] for i in rows], [highs[i] for i in rows], [names[kinds[i]] for i in rows])
             figures.append((m.median, m.low, m.high, m.level, m.censored))
         for column, figure in zip(("median", "median_low", "median_high", "median_level", "median_censored"),
                                   zip(*figures, strict=True), strict=True):
