@@ -220,3 +220,26 @@ def test_vectorised_figures_equal_the_estimator_group_by_group() -> None:
                 (np.quantile(points, 0.25), np.quantile(points, 0.75), points[0], points[-1]))
         else:
             assert all(math.isnan(r[k]) for k in ("p25", "p75", "min", "max", "spread"))
+
+
+def test_report_pareto_section_counts_the_censored_runs_behind_its_points(sqlite_url: str, tmp_path: Path) -> None:
+    """The report's Pareto section (history of the same model and workload): another experiment's
+    run censored above stores a point that joins the front; the section counts it and says so."""
+    from orchestrator.report import render_report
+    from tests.integration import test_history_pareto as pareto
+
+    pareto._seed(sqlite_url, at_rate=2.5)
+    with Store.open(sqlite_url) as store:
+        other = pareto._plan("other", "local")
+        exp = store.create_experiment(store.register_plan(other).id)
+        run = store.start_run(exp, "A", 0, 0, 0, store.deployment_config(other, "A"))
+        store.record_point(run, seq=0, window_start_s=0, window_end_s=10, offered_rate=4.0, throughput_tok_s=1200.0,
+                           percentiles={"tpot_s": {"p50": 0.040}}, valid=True)
+        store.record_capacity(run, "interactive", 500.0, 4.0, 0.92, 3, censored="above_max")
+        store.finish_run(run, "done", valid=True)
+        written = render_report(store, "real-1", tmp_path / "rep")
+    section = written.document["pareto"]
+    assert (section["points"], section["runs"], section["censored_runs"]) == (6, 3, 1)  # its 2 runs + the other
+    assert [(r["run_id"], r["run_censored"]) for r in section["front"] if r["mark"] is None] == [(run, True)]
+    page = " ".join(written.index.read_text(encoding="utf-8").split())
+    assert "from 3 valid run(s), 1 of them with a censored or unconverged capacity" in page
