@@ -1,8 +1,8 @@
 """Store benchmark: a synthetic history of >= 10 million request rows and 50,000 runs in
 PostgreSQL; ingest rows/s by COPY against ORM inserts; p50/p95 latency of every history query
-behind `orch capacity` (its filters, --since, --plot's trend), `orch capacity plan` (the
-signature look-up and ranking, its fallback) and `orch capacity --pareto` (the load points), and
-the Store's per-GPU and best-configuration answers.
+behind `orch capacity` (its filters, --since, --plot's trend, the table of every valid run),
+`orch capacity plan` (the signature look-up and ranking, its fallback) and `orch capacity
+--pareto` (the load points), and the Store's per-GPU and best-configuration answers.
 
     .venv/bin/python benchmarks/store_bench.py [--requests 10000000] [--runs 50000] [--settings both]
 
@@ -216,6 +216,7 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
     `orch capacity plan` (the signature look-up, the ranking, the fallback when nothing
     matches) and `orch capacity --pareto` (the load points), and the Store's other history
     answers (per GPU, best configuration)."""
+    from orchestrator.report.capacity_history import capacity_history
     from orchestrator.report.history import DEFAULT_GPU_PRICES, size_configurations
 
     some_config = int(store.capacity_by_config(model="qwen3-8b", gpu="H200", service_class="agent").iloc[0]["config_id"])
@@ -225,8 +226,8 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
         """`orch capacity plan --model M --class interactive --workload SIG --rate 40`: the look-up,
         the history of that model, class, limits and workload (measured), the shapes, the ranking."""
         found = store.workload_signatures(sig["sha256"][:8])
-        frame = store.capacity_by_config(model="qwen3-8b", service_class="interactive", workload=found[0]["sha256"],
-                                         ttft_ms=300.0, tpot_ms=10.0, simulated=False)
+        frame = capacity_history(store, model="qwen3-8b", service_class="interactive", workload=found[0]["sha256"],
+                                 ttft_ms=300.0, tpot_ms=10.0, simulated=False)
         details = store.config_details([int(c) for c in frame["config_id"]])
         return size_configurations(frame, details, rate=40.0, output_tokens=float(found[0]["output_tokens"]),
                                    prices=DEFAULT_GPU_PRICES)
@@ -243,6 +244,11 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
                                                                             since_days=30),
         "capacity observed engine+class": lambda: store.capacity_by_config(observed_engine="v0.11.0", service_class="standard"),
         "capacity observed gpu+model": lambda: store.capacity_by_config(observed_gpu="H200", model="llama-3.1-70b"),
+        # orch capacity's table since issue 32: every valid run, censored ones too (capacity_history)
+        "capacity every run (no filter)": lambda: capacity_history(store),
+        "capacity every run model+gpu+class": lambda: capacity_history(store, model="qwen3-8b", gpu="H200",
+                                                                       service_class="interactive"),
+        "capacity every run layout --since 90": lambda: capacity_history(store, layout="disaggregated", since_days=90),
         "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent"),
         # orch capacity plan
         "capacity plan ranking (sizing)": sizing,

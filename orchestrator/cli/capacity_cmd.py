@@ -174,8 +174,10 @@ def capacity(
                             "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
         _print_pareto(filters, as_json, plot, wide)
         return
+    from orchestrator.report.capacity_history import capacity_history
+
     with Store.open() as store:
-        frame = store.capacity_by_config(**filters)
+        frame = capacity_history(store, **filters)  # every valid run, censored ones too
         drawn = None
         if plot is not None and not frame.empty:
             from orchestrator.report.history import plot_capacity_history
@@ -197,7 +199,7 @@ def capacity(
 
 
 def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, wide: bool = False) -> None:
-    from orchestrator.report.history import pareto_front
+    from orchestrator.report.history import pareto_front, points_runs, points_runs_text
     from orchestrator.store import Store
 
     keep = ("model", "gpu", "layout", "since_days", "kv_cache_dtype", "max_num_seqs", "tp", "router_policy",
@@ -205,7 +207,9 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
     chosen = {k: filters[k] for k in keep if filters.get(k) is not None}
     with Store.open() as store:
         points = store.load_points(**chosen)
+        censored = store.censored_runs([int(r) for r in points["run_id"]]) if not points.empty else set()
     front = pareto_front(points)
+    counts = points_runs(points, censored)
     drawn = None
     if plot is not None and not points.empty:
         from orchestrator.report.pareto import pareto_figure
@@ -218,8 +222,9 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         warn(f"{drawn.left_out} more model/workload group(s) not drawn (at most {len(drawn.panels)} panels): "
              "narrow with --model or --workload")
     if as_json:
-        doc: dict[str, Any] = {"filters": chosen,
-                               "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]}
+        doc: dict[str, Any] = {"filters": chosen, **counts,
+                               "rows": [{**{k: _cell(v) for k, v in r.items()}, "run_censored": int(r["run_id"]) in censored}
+                                        for r in front.to_dict("records")]}
         if plot is not None:
             doc["plot"] = str(drawn.path.resolve()) if drawn else None
             doc["plotted_points"] = drawn.points if drawn else 0
@@ -243,6 +248,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}"])
     print_table("Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
                 PARETO_COLUMNS, rows, wide=wide, console=_console())
+    say(points_runs_text(counts))
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "
             f"{len(drawn.front)} on the front, numbered: {drawn.path.resolve()}")
@@ -265,6 +271,8 @@ def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
     to the terminal (``tables.print_table``)."""
     import pandas as pd
 
+    from orchestrator.report.capacity_history import median_cell, quartiles_cell, runs_text
+
     rows: list[list[str] | None] = []
     previous = None
     for r in frame.itertuples(index=False):
@@ -275,10 +283,12 @@ def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
         spread = "-" if pd.isna(r.spread) else f"{r.spread:.1%}"
         wl = f"{r.workload} [{r.workload_sha256[:8]}]" if r.workload_sha256 else "unknown"
         source = ("SIMULATED" if r.simulated else "measured") + (f" ({r.backend})" if r.backend else "")
-        rows.append([cls, _limits(r), r.model, r.label, wl, source, str(r.runs), f"{r.median:,.0f}",
-                     f"{r.p25:,.0f}-{r.p75:,.0f}", spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
+        row = r._asdict()
+        rows.append([cls, _limits(r), r.model, r.label, wl, source, runs_text(row), median_cell(row),
+                     quartiles_cell(row), spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
     print_table("capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
-                "simulated and measured never pooled)", HISTORY_COLUMNS, rows, wide=wide, console=_console())
+                "simulated and measured never pooled; median of every run, censored ones too, with its "
+                "interval; quartiles of the points)", HISTORY_COLUMNS, rows, wide=wide, console=_console())
 
 
 # -- orch capacity plan -----------------------------------------------------------------------
@@ -387,10 +397,12 @@ def capacity_plan(
             filters.update(ttft_ms=limits[0], tpot_ms=limits[1])
         if not simulated:
             filters["simulated"] = False
-        frame = store.capacity_by_config(**filters)
+        from orchestrator.report.capacity_history import capacity_history
+
+        frame = capacity_history(store, **filters)  # every valid run, censored ones too
         frame = frame[frame["layout"] != "external"] if not frame.empty else frame
         details = store.config_details([int(i) for i in frame["config_id"]]) if not frame.empty else {}
-        others = store.capacity_by_config(model=model, service_class=service_class) if frame.empty else None
+        others = store.capacity_runs(model=model, service_class=service_class)[0] if frame.empty else None
     from orchestrator.report.history import size_configurations
 
     ranked = size_configurations(frame, details, rate=rate, output_tokens=float(out_tokens), prices=prices,
@@ -424,7 +436,8 @@ def capacity_plan(
         _print_sizing(shown, wide)
         say(price_note)
         say("copies scale the measured deployment linearly behind a router (an assumption); "
-            "the range is from the runs' quartiles")
+            "the median counts every valid run (censored ones too); the range is from the points' quartiles, "
+            "widened to the median")
     if thin_reasons:
         say("evidence is thin: " + "; ".join(thin_reasons))
         if write_plan is None and not ranked.empty:
@@ -488,14 +501,16 @@ def _write_settle_plan(path: Path, model: str, service_class: str, limits: tuple
 
 
 def _print_sizing(frame: pd.DataFrame, wide: bool = False) -> None:
+    from orchestrator.report.capacity_history import median_text, runs_text
+
     rows: list[list[str] | None] = []
     for r in frame.to_dict(orient="records"):
         cost = "no price" if r["cost_day"] is None else (
             f"{r['cost_day']:,.0f} ({r['cost_day_low']:,.0f}-{r['cost_day_high']:,.0f})")
         per_m = "-" if r["usd_per_m_output_tokens"] is None else f"{r['usd_per_m_output_tokens']:.2f}"
         rows.append([
-            str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", str(r["runs"]),
-            f"{r['median']:,.0f} ({r['p25']:,.0f}-{r['p75']:,.0f})",
+            str(r["rank"]), r["label"], "SIMULATED" if r["simulated"] else "measured", runs_text(r),
+            f"{median_text(r)} ({r['p25']:,.0f}-{r['p75']:,.0f})",
             f"{r['copies']}x = {r['shape']}" + (f" ({r['copies_low']}-{r['copies_high']}x)"
                                               if r["copies_low"] != r["copies_high"] else ""),
             str(r["gpus"]), f"{r['gpu_hours_day']:,.0f}", cost, per_m, "; ".join(r["thin"]) or "-",

@@ -74,6 +74,10 @@ SIZING_COLUMNS = (
     "price_gpu_hour", "cost_day", "cost_day_low", "cost_day_high", "usd_per_m_output_tokens",
     "last_measured", "thin",
 )
+# What the runs were and the median's censoring (report.capacity_history's), carried into the
+# sizing rows when the groups have them.
+SIZING_CENSORED = ("n_points", "n_censored_above", "n_censored_below", "n_unconverged", "censored_above_from",
+                   "censored_below_to", "median_censored", "median_low", "median_high", "median_level")
 
 
 def _shape(cfg: dict, copies: int) -> str:
@@ -96,12 +100,14 @@ def size_configurations(
     A group's measured deployment is copied ``copies = ceil(rate x output_tokens x (1 +
     headroom) / median capacity)`` times (capacity: goodput tok/s at >= 90% attainment; copies
     scale linearly behind a router, an assumption); the quartiles give the range (p75: fewest
-    copies, p25: most). GPUs = copies x the configuration's GPUs; GPU-hours per day = GPUs x 24;
+    copies, p25: most), widened to the median where it lies outside them (runs censored above
+    raise a median over its points). GPUs = copies x the configuration's GPUs; GPU-hours per day = GPUs x 24;
     cost per day at the GPU's price; USD per million output tokens = cost per hour / (output
     tokens served per hour / 1e6). Ranked by cost per day (unpriced GPUs last, by GPUs), then
     GPUs, then configuration id. ``thin`` lists why the evidence is weak: few runs, old runs,
     another engine version than ``engine_version`` (default: the newest measured among the
-    groups), a wide spread, a simulator prediction."""
+    groups), a wide spread, a simulator prediction, a censored median (report.capacity_history's
+    groups: the median counts every valid run, and its counts are carried into each row)."""
     if by_config.empty:
         return pd.DataFrame(columns=list(SIZING_COLUMNS))
     now = now if now is not None else pd.Timestamp.now(tz="UTC")
@@ -120,7 +126,11 @@ def size_configurations(
             return max(1, math.ceil(need / capacity - 1e-9)) if capacity > 0 else 0
 
         copies = copies_at(r["median"])
-        low, high = copies_at(r["p75"]), copies_at(r["p25"])
+        # the points' quartiles give the range, widened to the median where runs censored above
+        # (or below) put it outside them; a group of censored runs only has none: the median
+        p25 = r["median"] if pd.isna(r["p25"]) else min(r["p25"], r["median"])
+        p75 = r["median"] if pd.isna(r["p75"]) else max(r["p75"], r["median"])
+        low, high = copies_at(p75), copies_at(p25)
         if copies == 0:
             continue  # a zero capacity serves nothing at any size
         gpus = copies * per_copy_gpus
@@ -141,17 +151,22 @@ def size_configurations(
             thin.append(f"wide spread ({spread:.0%})")
         if bool(r.get("simulated")):
             thin.append("simulator prediction, not a measurement")
+        censored = r.get("median_censored")
+        if censored == "above":
+            thin.append(f"median censored: >= {r['median']:,.0f} tok/s per copy (copies an upper bound)")
+        elif censored == "below":
+            thin.append(f"median censored: <= {r['median']:,.0f} tok/s per copy (copies a lower bound)")
         rows.append({
             "config_id": int(r["config_id"]), "label": r["label"], "gpu": r["gpu"], "layout": r["layout"],
             "simulated": bool(r.get("simulated")), "engine_version": r["engine_version"], "runs": int(r["runs"]),
-            "median": float(r["median"]), "p25": float(r["p25"]), "p75": float(r["p75"]),
+            "median": float(r["median"]), "p25": float(p25), "p75": float(p75),
             "spread": None if spread is None or pd.isna(spread) else float(spread),
             "copies": copies, "copies_low": low, "copies_high": high, "shape": _shape(cfg, copies),
             "gpus": gpus, "gpu_hours_day": gpus * 24.0, "price_gpu_hour": price, "cost_day": cost,
             "cost_day_low": None if price is None else low * per_copy_gpus * 24 * price,
             "cost_day_high": None if price is None else high * per_copy_gpus * 24 * price,
             "usd_per_m_output_tokens": None if cost is None else (cost / 24) / served_per_hour_m,
-            "last_measured": last, "thin": thin,
+            "last_measured": last, "thin": thin, **{k: r[k] for k in SIZING_CENSORED if k in r},
         })
     if not rows:
         return pd.DataFrame(columns=list(SIZING_COLUMNS))
@@ -160,7 +175,7 @@ def size_configurations(
     frame = frame.sort_values(["_unpriced", "cost_day", "gpus", "config_id"], na_position="last", kind="stable")
     frame = frame.drop(columns="_unpriced").reset_index(drop=True)
     frame.insert(0, "rank", range(1, len(frame) + 1))
-    return frame[list(SIZING_COLUMNS)]
+    return frame[[*SIZING_COLUMNS, *(k for k in SIZING_CENSORED if k in frame.columns)]]
 
 
 def settle_plan(
@@ -217,3 +232,18 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     keep = p.index[p["tok_s_per_gpu"] > best_before]
     front = p.loc[keep]
     return front[list(PARETO_COLUMNS)].reset_index(drop=True)
+
+
+def points_runs(points: pd.DataFrame, censored: set[int]) -> dict[str, int]:
+    """How many valid runs a front's points come from, and how many of those runs have a censored
+    or unconverged capacity (``censored``: their ids): their points count like any other's."""
+    runs = {int(r) for r in points["run_id"]} if not points.empty else set()
+    return {"runs": len(runs), "censored_runs": len(runs & censored)}
+
+
+def points_runs_text(counts: dict[str, int]) -> str:
+    """``points of 7 valid runs = 5 with a point capacity + 2 censored (counted like the rest)``."""
+    n, k = counts["runs"], counts["censored_runs"]
+    if not k:
+        return f"points of {n} valid run(s), every capacity a point"
+    return f"points of {n} valid run(s) = {n - k} with a point capacity + {k} censored or unconverged (counted too)"

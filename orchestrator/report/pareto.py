@@ -22,7 +22,7 @@ import pandas as pd
 
 from orchestrator.plan.signature import rate_unit_of_summary
 from orchestrator.report import plots
-from orchestrator.report.history import PARETO_COLUMNS, pareto_axes, pareto_front
+from orchestrator.report.history import PARETO_COLUMNS, pareto_axes, pareto_front, points_runs
 from orchestrator.report.plots import plt
 
 MAX_PANELS = 12  # one panel per model and workload; more than this is unreadable: filter instead
@@ -161,11 +161,14 @@ class ParetoSection:
     rows: list[dict[str, Any]]  # the front, fastest per user first
     image: str | None  # relative to the report's folder
     rate_unit: str = "req/s"  # what a point's rate counts (sessions/s for live sessions)
+    runs: int = 0  # the valid runs the points come from
+    censored_runs: int = 0  # of them, with a censored or unconverged capacity (their points count too)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "workload": self.workload, "workload_sha256": self.workload_sha256,
                 "simulated": self.simulated, "points": self.points, "own_points": self.own_points,
-                "front": self.rows, "rate_unit": self.rate_unit}
+                "runs": self.runs, "censored_runs": self.censored_runs, "front": self.rows,
+                "rate_unit": self.rate_unit}
 
 
 def experiment_points(store: Any, data: Any) -> tuple[pd.DataFrame, dict[int, str], str, str, bool]:
@@ -207,15 +210,20 @@ def experiment_section(store: Any, data: Any, fig_dir: Path, out: Path) -> Paret
                 "mark": r["mark"] if isinstance(r["mark"], str) else None,  # pandas' NaN: not marked
             })
     image = None if drawn is None else drawn.path.relative_to(out).as_posix()
+    censored = store.censored_runs([int(r) for r in points["run_id"]]) if not points.empty else set()
+    counts = points_runs(points, censored)
+    for row in rows:
+        row["run_censored"] = row["run_id"] in censored
     return ParetoSection(model, summary, sha, simulated, len(points), own_points, rows, image,
-                         data.plan.workload.rate_unit)
+                         data.plan.workload.rate_unit, **counts)
 
 
 SECTION = """<h2 id="pareto-section">Pareto front <span class="muted">({{ s.model }}, {{ s.workload or "this workload" }}
 [{{ s.workload_sha256[:8] }}], {{ "simulated" if s.simulated else "measured" }})</span></h2>
 {% if s.rows %}
 <p>Every valid open-loop load point stored for this model and workload signature
-({{ s.points }} point(s), {{ s.own_points }} of them this experiment's), as per-user output speed
+({{ s.points }} point(s), {{ s.own_points }} of them this experiment's, from {{ s.runs }} valid run(s),
+{{ s.censored_runs }} of them with a censored or unconverged capacity: their points count too), as per-user output speed
 (1 / median TPOT) against output tokens per second per GPU. The front: the points that no other
 point beats on both, faster per user <em>and</em> higher per GPU. {{ "Simulated" if s.simulated else "Measured" }}
 points only: simulated and measured points are never one front.</p>

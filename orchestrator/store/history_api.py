@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store import history, summaries
+from orchestrator.store import history, history_censored, summaries
 
 
 class HistoryQueries:
@@ -49,3 +49,11 @@ class HistoryQueries:
     def load_points(self, **filters: Any) -> pd.DataFrame:
         """See history.load_points."""
         return history.load_points(self.engine, **filters)
+
+    def capacity_runs(self, **filters: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """See history_censored.capacity_runs."""
+        return history_censored.capacity_runs(self.engine, **filters)
+
+    def censored_runs(self, run_ids: list[int]) -> set[int]:
+        """See history_censored.censored_runs."""
+        return history_censored.censored_runs(self.engine, run_ids)

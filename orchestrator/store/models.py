@@ -208,6 +208,11 @@ class GuardResultRow(Base):
     detail: Mapped[str] = mapped_column(sa.Text, default="")
 
 
+# A capacity that is no point estimate (the partial index's predicate, and history's filter:
+# written alike so PostgreSQL sees the index covers the query).
+NOT_POINT_SQL = "censored IS NOT NULL OR converged IS false OR capacity <= 0"
+
+
 class Capacity(Base):
     """A run's capacity at one service class (DESIGN section 7), with its censoring: ``censored``
     (NULL, below_min, above_max or at_ceiling), ``converged`` and ``upper`` (a bound on the true
@@ -232,6 +237,12 @@ class Capacity(Base):
             "ix_capacities_counted_group", "group_id", "capacity",
             postgresql_include=["measured_at", "observed_engine", "observed_gpu"],
             postgresql_where=sa.text("counted"), sqlite_where=sa.text("counted"),
+        ),
+        # the capacities that are no point estimate (censored, unconverged, zero: few), by group:
+        # history of every valid run reads them beside the counted ones (0013)
+        sa.Index(
+            "ix_capacities_not_point_group", "group_id",
+            postgresql_where=sa.text(NOT_POINT_SQL), sqlite_where=sa.text(NOT_POINT_SQL),
         ),
     )
 

@@ -97,6 +97,32 @@ def test_three_arms_run_in_a_williams_order_and_holm_covers_every_bar(tmp_path, 
         assert {v.bar_id: v.evidence["compare"] for v in store.verdicts(exp_id)} == {
             b: v["compare"] for b, v in verdicts.items()}
         index = write_report(store, exp_id, tmp_path / "report")
+        caps = store.capacities(exp_id)
+    _history_counts_every_valid_run(orch, env, caps)
     page = html.unescape(index.read_text())
     for pair, at_least in (("B/A", 1.2), ("C/A", 1.5), ("C/B", 1.05)):
         assert f"<td>{pair} >= {at_least}</td>" in page
+
+
+def _history_counts_every_valid_run(orch, env: dict[str, str], caps) -> None:
+    """Issue 32 (item 1): `orch capacity` over this example's history counts every valid run of
+    each arm, its unconverged and censored capacities too (the plan leaves most unconverged), as
+    the runs' stored capacities say, and the table states how many of each."""
+    r = orch("capacity", "--class", "standard", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {(x["gpu"], x["gpus"]): x for x in json.loads(r.stdout)["rows"]}
+    arms = {"A": ("H100-PCIe", 1), "B": ("H100-PCIe", 2), "C": ("H200", 2)}
+    seen_non_points = 0
+    for arm, key in arms.items():
+        mine = caps[(caps["arm"] == arm) & caps["valid"].astype(bool) & (caps["status"] == "done")]
+        point = mine["censored"].isna() & mine["converged"].astype(bool) & (mine["capacity"] > 0)
+        above = mine["censored"].isin(["above_max", "at_ceiling"])
+        below = (mine["censored"] == "below_min") | (mine["censored"].isna() & mine["converged"].astype(bool)
+                                                     & (mine["capacity"] <= 0))
+        row = rows[key]
+        assert (row["runs"], row["n_points"], row["n_censored_above"], row["n_censored_below"], row["n_unconverged"]) == (
+            len(mine), int(point.sum()), int(above.sum()), int(below.sum()), int((~point & ~above & ~below).sum())), arm
+        seen_non_points += len(mine) - int(point.sum())
+    assert seen_non_points > 0  # the example's history has censored or unconverged runs to show
+    table = orch("capacity", "--class", "standard", env=env).stdout
+    assert re.search(r"\d+ = (\d+ points? \+ )?\d+ (censored|unconverged)", table), table

@@ -1,0 +1,144 @@
+"""Every valid run's capacity with its censoring, for capacity over history from all of them
+(issue 32, item 1; report.capacity_history estimates from these rows).
+
+``capacity_by_config`` (and the summaries it reads) counts point estimates only: a group whose
+runs were censored above the search's range shows its lower runs alone, and a group of only
+censored runs does not show at all. ``capacity_runs`` fetches every capacity of a valid,
+finished run of the groups the filters choose, censored or not, one row each: the point
+estimates from the index the live aggregate reads, the others (few) joined to their runs.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+
+from orchestrator.store import history, history_frame
+from orchestrator.store.models import NOT_POINT_SQL, Capacity, HistoryGroup, Run
+from orchestrator.store.types import utcnow
+
+GROUP_COLUMNS = ("group_id", "config_id", "class", *history.KEY_COLUMNS)
+RUN_COLUMNS = ("group_id", "capacity", "censored", "converged", "upper", "last_measured")
+GROUPS_COLUMNS = (*GROUP_COLUMNS, *history.CONFIG_COLUMNS, *history.WORKLOAD_COLUMNS)
+# A capacity that is no point estimate: censored, unconverged, or zero (no rate passed); the
+# text of the partial index ix_capacities_not_point_group (0013), so the planner matches it.
+NOT_POINT = sa.text("(" + " OR ".join(f"capacities.{term}" for term in NOT_POINT_SQL.split(" OR ")) + ")")
+
+
+def _where(filters: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """(the point estimates' WHERE: the counted capacities, read from their covering index as
+    the live aggregate reads them; the other capacities' WHERE: valid, finished runs (joined)
+    whose capacity is no point), both over the groups (history_groups), time range and observed
+    filters of ``filters`` (capacity_by_config's)."""
+    filters = dict(filters)
+    since = filters.pop("since_days", None)
+    config_filters, keyed = history._split(filters)
+    observed = {k: keyed.pop(k) for k in history.OBSERVED_FILTERS if k in keyed}
+    hg = HistoryGroup
+    chosen = [*history._config_conditions(class_column=hg.class_name, **config_filters),
+              *history._key_conditions(hg, **keyed)]
+    common: list[Any] = [Capacity.group_id.is_not(None), *history._key_conditions(Capacity, **observed)]
+    if since is not None:
+        common.append(Capacity.measured_at >= utcnow() - timedelta(days=since))
+    if chosen:
+        common.append(Capacity.group_id.in_(
+            sa.select(hg.id).select_from(history._needed_from(hg, hg.config_id, hg.workload_sha256, chosen))
+            .where(*chosen)))
+    return ([Capacity.counted, *common, Capacity.capacity > 0],
+            [*common, NOT_POINT, Run.valid.is_(True), Run.status == "done"])
+
+
+def _rows(conn: sa.Connection, points: list[Any], others: list[Any]) -> pd.DataFrame:
+    """Every matching capacity, one row each (RUN_COLUMNS), by plain rows (SQLite, or a value the
+    columnar fetch cannot carry)."""
+    time = history._plain_time(Capacity.measured_at)
+    a = conn.execute(sa.select(Capacity.group_id, Capacity.capacity, time).where(*points)).all()
+    b = conn.execute(sa.select(Capacity.group_id, Capacity.capacity, Capacity.censored, Capacity.converged,
+                               Capacity.upper, time).join(Run, Run.id == Capacity.run_id).where(*others)).all()
+    frame = pd.DataFrame({
+        "group_id": [r[0] for r in a] + [r[0] for r in b], "capacity": [r[1] for r in a] + [r[1] for r in b],
+        "censored": pd.Series([None] * len(a) + [r[2] for r in b], dtype=object),
+        "converged": [True] * len(a) + [bool(r[3]) for r in b],
+        "upper": pd.Series([None] * len(a) + [r[4] for r in b], dtype=object),
+        "last_measured": [r[2] for r in a] + [r[5] for r in b],
+    }, columns=list(RUN_COLUMNS))
+    frame["last_measured"] = pd.to_datetime(frame["last_measured"], utc=True)
+    return frame
+
+
+def _columns(conn: sa.Connection, points: list[Any], others: list[Any]) -> pd.DataFrame | None:
+    """_rows by PostgreSQL's columnar fetch (history_frame.fetch_columns: a value per column, not
+    a Python object per value: 140,000 capacities are otherwise seconds); None where it cannot."""
+    a_src = sa.select(Capacity.group_id, Capacity.capacity, Capacity.measured_at).where(*points).subquery("points")
+    a = history_frame.fetch_columns(conn, a_src, [(a_src.c.group_id, "int8"), (a_src.c.capacity, "float8"),
+                                                  (a_src.c.measured_at, "time")])
+    b_src = (sa.select(Capacity.group_id, Capacity.capacity, sa.func.coalesce(Capacity.censored, "").label("censored"),
+                       Capacity.converged, sa.func.coalesce(Capacity.upper, sa.literal(float("inf"))).label("upper"),
+                       Capacity.measured_at)
+             .join(Run, Run.id == Capacity.run_id).where(*others).subquery("others"))
+    b = history_frame.fetch_columns(conn, b_src, list(zip(b_src.c, ("int8", "float8", "text", "bool", "float8", "time"),
+                                                          strict=True)))
+    if a is None or b is None:
+        return None
+    stamps = np.concatenate([a[2], b[5]])
+    frame = pd.DataFrame({
+        "group_id": np.concatenate([a[0], b[0]]), "capacity": np.concatenate([a[1], b[1]]),
+        "censored": pd.Series([None] * len(a[0]) + [c or None for c in b[2]], dtype=object),
+        "converged": np.concatenate([np.ones(len(a[0]), dtype=bool), b[3]]),
+        "upper": np.concatenate([np.full(len(a[0]), np.nan), np.where(np.isfinite(b[4]), b[4], np.nan)]),
+        "last_measured": pd.to_datetime(np.where(stamps == history_frame.NO_TIME, np.nan, stamps.astype(float)),
+                                        unit="us", utc=True),
+    }, columns=list(RUN_COLUMNS))
+    return frame
+
+
+def _groups(conn: sa.Connection, ids: np.ndarray) -> pd.DataFrame:
+    """The comparable groups ``ids`` (HistoryGroup: unknown keys '' / 0 / False), with their
+    configurations' and workloads' columns, by group number."""
+    hg = HistoryGroup
+    cols = (hg.id.label("group_id"), hg.config_id, hg.class_name.label("class"), *(getattr(hg, k) for k in history.KEY_COLUMNS))
+    rows: list[Any] = []
+    if conn.dialect.name == "postgresql":  # one array parameter, the driver's plain tuples
+        rows = list(history_frame._raw(conn, sa.select(*cols).where(hg.id == sa.any_(history_frame._ids(ids)))))
+    else:
+        for start in range(0, len(ids), 5000):
+            rows += conn.execute(sa.select(*cols).where(hg.id.in_(ids[start:start + 5000].tolist()))).all()
+    frame = pd.DataFrame.from_records(rows, columns=list(GROUP_COLUMNS))
+    frame = history._attach(conn, frame.sort_values("group_id").reset_index(drop=True))
+    frame["simulated"] = frame["simulated"].astype(bool)
+    return frame[list(GROUPS_COLUMNS)]
+
+
+def capacity_runs(engine: sa.Engine, **filters: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every capacity of a valid, finished run matching capacity_by_config's ``filters``,
+    censored, unconverged or a point, as (groups, runs): ``groups`` one row per comparable group
+    that has any (GROUPS_COLUMNS: its number, configuration, class, keys, and the
+    configuration's and workload's columns, by group number), ``runs`` one row per capacity
+    (RUN_COLUMNS: its group's number, the capacity, ``censored`` (None, below_min, above_max,
+    at_ceiling), ``converged``, ``upper`` (NaN/None: unbounded) and its run's end)."""
+    points, others = _where(dict(filters))
+    with engine.connect() as conn:
+        runs = _columns(conn, points, others) if engine.dialect.name == "postgresql" else None
+        if runs is None:
+            runs = _rows(conn, points, others)
+        if runs.empty:
+            return pd.DataFrame(columns=list(GROUPS_COLUMNS)), runs
+        groups = _groups(conn, np.unique(runs["group_id"].to_numpy(dtype=np.int64)))
+    return groups, runs
+
+
+def censored_runs(engine: sa.Engine, run_ids: list[int]) -> set[int]:
+    """Those of ``run_ids`` with a capacity that is no point estimate (censored, unconverged, or
+    zero: no rate passed) at any class."""
+    ids = sorted({int(r) for r in run_ids})
+    out: set[int] = set()
+    not_point = sa.or_(Capacity.censored.is_not(None), Capacity.converged.is_(False), Capacity.capacity <= 0)
+    with engine.connect() as conn:
+        for start in range(0, len(ids), 5000):
+            out.update(conn.scalars(sa.select(Capacity.run_id).where(
+                Capacity.run_id.in_(ids[start:start + 5000]), not_point).distinct()))
+    return out
