@@ -39,6 +39,7 @@ from orchestrator.analysis.guards import (
 from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
+from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
 from orchestrator.control.load_kinds import load_kind
 from orchestrator.control.points import PointOutcome, PointRunner
@@ -258,11 +259,14 @@ class Executor:
             self.store.set_experiment_status(exp_id, "running")  # resumable; status stays open
             raise
         bars = judge_experiment(self.store, exp_id, plan)
+        effects = experiment_effects(self.store, exp_id, plan)
         for o in bars:
             j = o.judgement
+            # A sweep's effects are stored with every bar's verdict (one judgement of the records).
+            sweep = {} if effects is None else {"sweep": effects.to_dict()}
             self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
                                       _finite(j.lower), _finite(j.upper), j.n, label=j.label, note=j.note,
-                                      evidence=o.evidence())
+                                      evidence=o.evidence() | sweep)
         finished_all = self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
         if finished_all:
             self.store.set_experiment_status(exp_id, "done")

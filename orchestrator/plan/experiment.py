@@ -10,6 +10,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
@@ -20,6 +21,7 @@ from orchestrator.plan.arms import ROUTER_POLICIES_OF, Arm, RouterConfig, router
 from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
 from orchestrator.plan.kubernetes import KubernetesSettings
+from orchestrator.plan.sweep import Sweep, expand
 from orchestrator.plan.workload import Workload
 
 
@@ -300,6 +302,35 @@ class Plan(StrictModel):
     )
     sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="Cluster settings (backend: kubernetes).")
+    sweep: Sweep | None = Field(
+        default=None,
+        description="Factors and levels over arm A's fields, expanded into the plan's arms (A: every "
+                    "factor at its first level); the verdict estimates each factor's effect.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_sweep(cls, data: Any) -> Any:
+        """A sweep plan gives arm A (the base); its arms are the sweep's cells. The canonical
+        form holds the expanded arms too: they must be what the sweep writes."""
+        if not isinstance(data, dict):
+            return data
+        swept = swept_arms(data)
+        if swept is None:
+            return data
+        arms, problems = swept
+        if problems:
+            raise CrossFieldError([(f"sweep.{path}", msg) for path, msg in problems])
+        given = {k: v for k, v in data["arms"].items() if k != "A"}
+        if given and not _same_arms(given, arms):
+            raise CrossFieldError([("arms", "a sweep plan gives one arm, A (the base arm its factors vary); the "
+                                            f"sweep writes the others: remove arms {', '.join(map(str, given))}")])
+        return {**data, "arms": arms}
+
+    @model_serializer(mode="wrap")
+    def _omit_no_sweep(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a sweep plan hashes apart; every other keeps its hash).
+        return omit_while(handler(self), {"sweep": None})
 
     @field_validator("arms")
     @classmethod
@@ -316,6 +347,9 @@ class Plan(StrictModel):
             backend=self.backend,
         )
         problems.extend(_router_policy_fits(self.router, self.arms))
+        if self.sweep is not None and not self.bars:
+            problems.append(Problem("bars", "a sweep's effects are stored with the verdicts of its bars: register "
+                                            "at least one bar (e.g. the arm of every factor's last level over A)"))
         if problems:
             raise PlanError(problems)
         return self
@@ -443,6 +477,30 @@ def _endpoints_match_backend(arms: dict[str, Arm], backend: str) -> list[Problem
     return out
 
 
+def swept_arms(data: dict[str, Any]) -> tuple[dict[str, Arm], list[tuple[str, str]]] | None:
+    """A plan document's sweep expanded from its arm A: (arms, problems below ``sweep``); None
+    when it has no sweep, or its sweep or arm A is wrong on its own (reported by their fields)."""
+    if data.get("sweep") is None or not isinstance(data.get("arms"), dict):
+        return None
+    try:
+        sweep = Sweep.model_validate(data["sweep"])
+        base = Arm.model_validate(data["arms"].get("A"))
+    except ValidationError:
+        return None
+    router = data.get("router") if isinstance(data.get("router"), dict) else None
+    return expand(sweep, base, ARM_NAMES, router)
+
+
+def _same_arms(given: dict[Any, Any], arms: dict[str, Arm]) -> bool:
+    """The arms a canonical form holds are the sweep's expansion."""
+    if set(given) != set(arms) - {"A"}:
+        return False
+    try:
+        return all(Arm.model_validate(v) == arms[str(k)] for k, v in given.items())
+    except ValidationError:
+        return False
+
+
 def _external_warnings(plan: Plan) -> list[str]:
     external = {n: a for n, a in plan.arms.items() if a.endpoint is not None}
     out = [
@@ -502,7 +560,7 @@ def plan_warnings(plan: Plan) -> list[str]:
                     f"context ({ctx:.0f} tokens), fewer than max_num_seqs={arm.engine.max_num_seqs}; "
                     "the engine will queue or preempt"
                 )
-    if plan.bars and len(plan.arms) > 2:
+    if plan.bars and len(plan.arms) > 2 and plan.sweep is None:  # a sweep's arms are judged by its effects
         compared = {a for bar in plan.bars for a in bar.pair}
         out.extend(f"arms.{n}: no bar compares it; it is run in every block but judged by none"
                    for n in plan.arms if n not in compared)
