@@ -5,6 +5,7 @@ verdict` prints them. A wrong sweep is one line per problem with its field path,
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import yaml
 
 from orchestrator.control.effects import experiment_effects
 from orchestrator.plan import load_plan_file
+from orchestrator.report import write_report
 from orchestrator.store import Store
 from tests.e2e.helpers import ROOT, orch_here
 
@@ -33,7 +35,7 @@ def orch(tmp_path, monkeypatch, capsys):
     return run
 
 
-def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch) -> None:
+def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch, tmp_path) -> None:
     plan = load_plan_file(PLAN)
     r = orch("run", str(PLAN), "--backend", "virtual", "--json", "--yes")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -62,6 +64,9 @@ def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch) -
         assert again is not None
         for e, stored_e in zip(again.effects, sweep["effects"], strict=True):
             assert math.isclose(e.ratio, stored_e["ratio"]) and math.isclose(e.lower or 0, stored_e["lower"])
+        page = html.unescape(write_report(store, exp_id, tmp_path / "report").read_text())
+    for e in sweep["effects"]:  # the report's table: every effect with its interval
+        assert f"<td>{e['label']}</td>" in page and f"{e['lower']:.3g}..{e['upper']:.3g} (90% two-sided)" in page
 
     text = orch("verdict", doc["experiment"]["name"])
     assert text.returncode == 0, text.stderr
