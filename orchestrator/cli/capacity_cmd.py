@@ -118,6 +118,8 @@ def capacity(
                                      "group, or with --pareto every stored point and the front per model and workload."),
     pareto: bool = typer.Option(False, "--pareto", help="Instead: the Pareto front of stored load points per model "
                                 "and workload (throughput per GPU against per-user speed); --plot draws it."),
+    slo_met: bool = typer.Option(False, "--slo-met", help="With --pareto: one front per class, of the points that "
+                                 "met that class's SLO (attainment at least what the point's plan required)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity over history (valid runs only), one row per comparable group: configuration,
@@ -144,12 +146,16 @@ def capacity(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise UserError(f"--plot: {plot} must be a .png file")
+    if slo_met and not pareto:
+        raise UserError("--slo-met filters the Pareto front: give it with --pareto")
+    if slo_met and plot is not None:
+        raise UserError("--slo-met prints one front per class; --plot draws the unfiltered front: give one of them")
     if pareto:
         if any(filters[k] is not None for k in ("input_tokens", "output_tokens", "backend",
                                                 "observed_gpu", "observed_engine")):
             raise UserError("--pareto takes the configuration filters, --since, --workload, "
                             "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
-        _print_pareto(filters, as_json, plot)
+        _print_pareto(filters, as_json, plot, slo_met)
         return
     with Store.open() as store:
         frame = store.capacity_by_config(**filters)
@@ -173,8 +179,8 @@ def capacity(
         say(f"capacity over time: {drawn.resolve()}")
 
 
-def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None) -> None:
-    from orchestrator.report.history import pareto_front
+def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, slo_met: bool = False) -> None:
+    from orchestrator.report.history import pareto_front, pareto_front_per_class
     from orchestrator.store import Store
 
     keep = ("model", "gpu", "layout", "since_days", "kv_cache_dtype", "max_num_seqs", "tp", "router_policy",
@@ -182,7 +188,8 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
     chosen = {k: filters[k] for k in keep if filters.get(k) is not None}
     with Store.open() as store:
         points = store.load_points(**chosen)
-    front = pareto_front(points)
+        met = store.point_attainment(points["point_id"].tolist()) if slo_met else None
+    front = pareto_front(points) if met is None else pareto_front_per_class(points, met)
     drawn = None
     if plot is not None and not points.empty:
         from orchestrator.report.pareto import pareto_figure
@@ -195,7 +202,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         warn(f"{drawn.left_out} more model/workload group(s) not drawn (at most {len(drawn.panels)} panels): "
              "narrow with --model or --workload")
     if as_json:
-        doc: dict[str, Any] = {"filters": chosen,
+        doc: dict[str, Any] = {"filters": chosen | ({"slo_met": True} if slo_met else {}),
                                "rows": [{k: _cell(v) for k, v in r.items()} for r in front.to_dict("records")]}
         if plot is not None:
             doc["plot"] = str(drawn.path.resolve()) if drawn else None
@@ -203,26 +210,30 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         emit_json(doc)
         return
     if front.empty:
-        say("no valid open-loop load points match these filters" + ("; no plot drawn" if plot is not None else ""))
+        say(("no valid open-loop load point met a class's SLO under these filters" if slo_met else
+             "no valid open-loop load points match these filters") + ("; no plot drawn" if plot is not None else ""))
         return
     from rich.table import Table
 
-    table = Table(title="Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
-                  title_justify="left", header_style="bold")
-    for name in ("#", "model", "workload", "source", "configuration", "rate req/s", "tok/s per user", "TPOT p50 ms",
-                 "tok/s per GPU"):
+    title = ("Pareto front per class, of the points that met its SLO, per model and workload"
+             if slo_met else "Pareto front per model and workload: no stored point is faster per user AND higher per GPU")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("#", *(("class",) if slo_met else ()), "model", "workload", "source", "configuration", "rate req/s",
+                 "tok/s per user", "TPOT p50 ms", "tok/s per GPU"):
         table.add_column(name, no_wrap=name not in ("configuration", "workload"))
     previous = None
     # "#": the number beside the point in the plot's panel of its model and workload
-    numbers = front.groupby(["model", "workload_sha256"], sort=False).cumcount() + 1
+    group = [*(["class_name"] if slo_met else []), "model", "workload_sha256"]
+    numbers = front.groupby(group, sort=False).cumcount() + 1
     for n, r in zip(numbers, front.to_dict("records"), strict=True):
-        key = (r["model"], r["workload_sha256"], r["simulated"])
+        key = (r.get("class_name"), r["model"], r["workload_sha256"], r["simulated"])
         if previous is not None and key != previous:
             table.add_section()
         previous = key
-        _row(table, str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
-                      "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
-                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
+        _row(table, str(n), *((str(r["class_name"]),) if slo_met else ()), r["model"],
+             f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+             "SIMULATED" if r["simulated"] else "measured", r["label"], f"{r['offered_rate']:.3g}",
+             f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}")
     _console().print(table)
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "

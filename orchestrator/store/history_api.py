@@ -3,12 +3,13 @@ the best configurations, trends, configuration details and workload signatures."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store import history, summaries
+from orchestrator.store import history, point_slo, summaries
 
 
 class HistoryQueries:
@@ -49,3 +50,7 @@ class HistoryQueries:
     def load_points(self, **filters: Any) -> pd.DataFrame:
         """See history.load_points."""
         return history.load_points(self.engine, **filters)
+
+    def point_attainment(self, point_ids: Sequence[int]) -> pd.DataFrame:
+        """See point_slo.point_attainment."""
+        return point_slo.point_attainment(self.engine, point_ids)
