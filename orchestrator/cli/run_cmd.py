@@ -183,6 +183,7 @@ def _verdict_lines(v: dict) -> list[str]:
     est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
     cmp_ = ">=" if v["direction"] == "at_least" else "<="
     what = v["metric"] + (f" at {v['rate']:g} req/s" if v.get("rate") is not None else "")
+    what += f" at {v['users']} users" if v.get("users") is not None else ""
     lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over {v['blocks']} block(s) "
              f"(bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
     lines.append(f"    interval: {v['label']}")
@@ -208,6 +209,7 @@ def _verdict_row(bar: Bar, verdict: str, estimate: float | None, lower: float | 
                  upper: float | None, blocks: int, note: str = "",
                  label: str | None = None, evidence: dict | None = None) -> dict:
     row = {"bar": bar.id, "compare": bar.compare, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
+           **({"users": bar.users} if bar.users is not None else {}),
            "threshold": bar.threshold, "direction": bar.direction, "verdict": verdict,
            "estimate": _num(estimate), "lower": _num(lower), "upper": _num(upper),
            "confidence": bar.confidence, "blocks": blocks, "note": note or "",

@@ -41,7 +41,7 @@ from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
 from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
-from orchestrator.control.load_kinds import load_kind
+from orchestrator.control.load_kinds import level_plans, load_kind
 from orchestrator.control.points import PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.spool import replay, spooled_points
@@ -363,9 +363,13 @@ class Executor:
                                  self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
             runner.warm_up(dep, arm, block, attempt)
             if not runner.kind.searchable:
-                # Closed loop: one point at the plan's N users; no capacity (open loop only).
-                p = self._point(plan, arm, block, run_id, dep, runner, points, None, None)
-                line = f"{p.metrics.throughput_tok_s:.0f} tok/s at {runner.kind.label(plan, None)}"
+                # Closed loop: one point at the plan's N users (a concurrency sweep: one per
+                # level, in order); no capacity (open loop only).
+                lines = []
+                for level in level_plans(plan):
+                    p = self._point(level, arm, block, run_id, dep, runner.for_plan(level), points, None, None)
+                    lines.append(f"{p.metrics.throughput_tok_s:.0f} tok/s at {runner.kind.label(level, None)}")
+                line = "; ".join(lines)
             else:
                 caps = self._search(plan, arm, block, run_id, dep, runner, points)
                 for bar in plan.bars:

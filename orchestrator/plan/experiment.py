@@ -162,6 +162,16 @@ class Bar(StrictModel):
         description="goodput_at / attainment_at: offered rate, requests/s (at most 100000); open "
         "loop only: a closed-loop plan is judged at its N users.",
     )
+    users: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="A closed loop that sweeps users (workload.closed.users a list): the level the bar is "
+                    "judged at (one of them).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_users(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a bar at a users level hashes apart).
+        return omit_while(handler(self), {"users": None})
 
     @field_validator("compare")
     @classmethod
@@ -438,18 +448,30 @@ def _bar_fits_loop(i: int, bar: Bar, workload: Workload) -> list[Problem]:
     """Open loop: a point metric names its offered rate. Closed loop: no capacity (DESIGN 7:
     capacity comes from open-loop runs only) and no rate (the point is the plan's N users)."""
     if workload.open_loop:
+        out = []
         if bar.metric != "capacity" and bar.rate is None:
-            return [Problem(f"bars.{i}.rate", f"metric {bar.metric} needs the offered `rate`")]
-        return []
+            out.append(Problem(f"bars.{i}.rate", f"metric {bar.metric} needs the offered `rate`"))
+        if bar.users is not None:
+            out.append(Problem(f"bars.{i}.users", "an open-loop plan is judged at a rate; `users` names a level "
+                                                  "of a closed loop's users (workload.closed.users)"))
+        return out
+    levels = workload.closed.levels if workload.closed is not None else ()
+    out = []
+    if bar.users is None and len(levels) > 1:
+        out.append(Problem(f"bars.{i}.users", f"the workload sweeps users ({', '.join(map(str, levels))}): name "
+                                              f"the level the bar is judged at, e.g. `users: {levels[-1]}`"))
+    if bar.users is not None and bar.users not in levels:
+        out.append(Problem(f"bars.{i}.users", f"{bar.users} is not a level of workload.closed.users "
+                                              f"({', '.join(map(str, levels))})"))
     if bar.metric == "capacity":
-        return [Problem(f"bars.{i}.metric",
-                        "capacity comes from open-loop runs only; this workload is closed loop "
-                        "(workload.closed): use goodput_at or attainment_at, judged at its users")]
+        out.append(Problem(f"bars.{i}.metric",
+                           "capacity comes from open-loop runs only; this workload is closed loop "
+                           "(workload.closed): use goodput_at or attainment_at, judged at its users"))
     if bar.rate is not None:
-        return [Problem(f"bars.{i}.rate",
-                        "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
-                        "remove `rate`")]
-    return []
+        out.append(Problem(f"bars.{i}.rate",
+                           "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
+                           "remove `rate`"))
+    return out
 
 
 def _router_policy_fits(router: RouterConfig, arms: dict[str, Arm]) -> list[Problem]:
