@@ -104,3 +104,12 @@ def test_a_wrong_sweep_is_one_line_per_problem_with_its_path(orch, tmp_path) -> 
     assert any(x.strip().startswith("search.point_s:") for x in lines), r.stderr
     # The bar names arms of the expansion: no problem about them while the sweep itself is wrong.
     assert not any("bars.0.compare" in x for x in lines), r.stderr
+
+
+def test_plan_validate_lists_the_sweeps_arms_by_letter(orch) -> None:
+    r = orch("plan", "validate", str(PLAN))
+    assert r.returncode == 0, r.stderr
+    assert ("  sweep: full design of 3 x 2 levels (engine.max_num_seqs x replicas): 6 arms: A mns4-replicas1, "
+            "B mns4-replicas2, C mns16-replicas1, D mns16-replicas2, E mns64-replicas1, F mns64-replicas2") in r.stdout
+    doc = json.loads(orch("plan", "validate", str(PLAN), "--json").stdout)
+    assert doc["plans"][0]["sweep"]["arms"]["D"] == "mns16-replicas2"
