@@ -5,6 +5,7 @@ verdict` prints them. A wrong sweep is one line per problem with its field path,
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import math
@@ -74,6 +75,19 @@ def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch, t
     assert (f"  main effect [standard] replicas 2 vs 1: x{e['ratio']:.3g}, 90% interval "
             f"{e['lower']:.3g}..{e['upper']:.3g}, {e['blocks']} block(s)") in text.stdout, text.stdout
     assert "interaction [standard] engine.max_num_seqs 64 vs 4 x replicas 2 vs 1: x" in text.stdout
+
+    # Never read on trust: --verify judges the effects again from the stored capacities, and a
+    # verdict stored with other effects (a row the runtime role may append) is named, exit 6.
+    assert orch("verdict", doc["experiment"]["name"], "--verify").returncode == 0
+    with Store.open(r.env["ORCH_DATABASE_URL"]) as store:
+        forged = copy.deepcopy(stored.evidence)
+        forged["sweep"]["effects"][2]["ratio"] *= 1.5
+        store.record_verdict(exp_id, stored.registration_id, stored.bar_id, stored.verdict, stored.estimate,
+                             stored.lower, stored.upper, stored.blocks, label=stored.label, note=stored.note,
+                             evidence=forged)
+    bad = orch("verdict", doc["experiment"]["name"], "--verify")
+    assert bad.returncode == 6 and (f"bar {stored.bar_id}: the sweep's effects stored with its verdict are not what "
+                                    "its records give") in bad.stderr, bad.stderr
 
 
 def test_the_dry_run_prices_the_sweep_before_it_runs(orch) -> None:
