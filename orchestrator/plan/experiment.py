@@ -61,9 +61,11 @@ Direction = Literal["at_least", "at_most"]
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 
 # Arms are named by consecutive capital letters from A (A conventionally the baseline); two
-# arms (A and B) is the simple case, every arm runs once in every block.
-ARM_NAMES = "ABCDEFGH"
+# arms (A and B) is the simple case, every arm runs once in every block. Up to 8 written by
+# hand (A to H); a sweep expands to up to 16 (A to P).
+ARM_NAMES = "ABCDEFGHIJKLMNOP"
 MAX_ARMS = len(ARM_NAMES)
+MAX_HAND_ARMS = 8
 COMPARE_PATTERN = f"^[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]/[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]$"
 
 
@@ -288,7 +290,8 @@ class Plan(StrictModel):
     hypothesis: str = Field(default="", description="What the experiment is meant to show, in words.")
     model: ModelRef = Field(description="Catalog name (e.g. qwen3-8b) or a full model spec.")
     arms: dict[str, Arm] = Field(
-        description="The arms: A and B, or more named by consecutive letters (A, B, C, ... up to H); "
+        description="The arms: A and B, or more named by consecutive letters (A, B, C, ... up to H; a sweep "
+                    "writes up to P); "
                     "every block runs each arm once."
     )
     router: RouterConfig = Field(
@@ -357,6 +360,10 @@ class Plan(StrictModel):
             backend=self.backend,
         )
         problems.extend(_router_policy_fits(self.router, self.arms))
+        if self.sweep is None and len(self.arms) > MAX_HAND_ARMS:
+            problems.append(Problem("arms", f"at most {MAX_HAND_ARMS} arms written by hand (A to "
+                                            f"{ARM_NAMES[MAX_HAND_ARMS - 1]}); a sweep (`sweep:`) writes up to "
+                                            f"{MAX_ARMS} (A to {ARM_NAMES[-1]}) from arm A"))
         if self.sweep is not None and not self.bars:
             problems.append(Problem("bars", "a sweep's effects are stored with the verdicts of its bars: register "
                                             "at least one bar (e.g. the arm of every factor's last level over A)"))

@@ -221,7 +221,7 @@ def _check(data: dict[str, Any]) -> tuple[Plan | None, list[Problem], list[tuple
         # standing in for every arm (whatever a bar compares), its problems said once, as A's.
         stand_in = {**data, "sweep": None, "arms": dict.fromkeys(ARM_NAMES, data["arms"].get("A"))}
         _plan, more, more_bad = _check(stand_in)
-        problems.extend(p for p in more if not p.path.startswith("arms.") or p.path.startswith("arms.A."))
+        problems.extend(p for p in more if p.path.startswith("arms.A.") or p.path.split(".")[0] != "arms")
         bad.extend(loc for loc in more_bad if loc[:1] != ("arms",))
     return None, problems, bad
 

@@ -108,7 +108,7 @@ def test_every_problem_of_a_sweep_is_one_line_with_its_field_path() -> None:
     data["sweep"]["factors"]["tp"] = [1, 2]
     data["sweep"]["factors"]["engine.max_num_batched_tokens"] = [1024, 2048]
     (line,) = problems_of(data)
-    assert line.startswith("sweep.factors: the full design of 2 x 3 x 2 x 2 levels makes 24 arms; a plan holds at most 8")
+    assert line.startswith("sweep.factors: the full design of 2 x 3 x 2 x 2 levels makes 24 arms; a plan holds at most 16")
 
     data = raw()
     data["sweep"]["design"] = "fractional"
@@ -127,3 +127,19 @@ def test_a_sweep_plan_writes_its_own_arms_and_needs_a_bar() -> None:
     assert problems_of(data) == [
         "bars: a sweep's effects are stored with the verdicts of its bars: register at least one bar (e.g. the "
         "arm of every factor's last level over A)"]
+
+
+def test_a_sweep_writes_up_to_16_arms_and_a_hand_written_plan_8() -> None:
+    data = raw()
+    data["sweep"]["factors"] = {"engine.max_num_seqs": [4, 8, 16, 32], "tp": [1, 2], "engine.prefix_caching": [True, False]}
+    plan = validate_plan(data)
+    assert list(plan.arms) == list("ABCDEFGHIJKLMNOP")
+    data["sweep"]["factors"]["engine.max_num_seqs"].append(64)
+    assert problems_of(data) == [
+        "sweep.factors: the full design of 5 x 2 x 2 levels makes 20 arms; a plan holds at most 16 (A to P): drop a "
+        "level or a factor, or use design: fractional"]
+    by_hand = raw()
+    del by_hand["sweep"]
+    by_hand["arms"] = {k: copy.deepcopy(by_hand["arms"]["A"]) for k in "ABCDEFGHI"}
+    assert problems_of(by_hand) == [
+        "arms: at most 8 arms written by hand (A to H); a sweep (`sweep:`) writes up to 16 (A to P) from arm A"]
