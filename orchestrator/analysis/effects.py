@@ -61,13 +61,6 @@ class Effect:
         return " x ".join(f"{f} {lv} vs {ref}" for f, lv, ref in zip(self.factors, self.levels, self.reference,
                                                                       strict=True))
 
-    def line(self) -> str:
-        """One line for `orch verdict` and the report."""
-        what = "main effect" if self.kind == "main" else "interaction"
-        interval = ("no interval (fewer than 2 blocks)" if self.lower is None or self.upper is None
-                    else f"{self.confidence:.0%} interval {self.lower:.3g}..{self.upper:.3g}")
-        return f"{what} [{self.service_class}] {self.label}: capacity x{self.ratio:.3g}, {interval}, {self.blocks} block(s)"
-
     def to_dict(self) -> dict[str, object]:
         return {"kind": self.kind, "class": self.service_class, "factors": list(self.factors),
                 "levels": list(self.levels), "reference": list(self.reference), "ratio": self.ratio,
