@@ -54,3 +54,12 @@ def test_a_bar_of_a_users_sweep_names_one_of_its_levels() -> None:
     with pytest.raises(PlanError) as e:
         small_plan(workload={**WORKLOAD, "closed": {"users": [2, 2]}}, search=SEARCH)
     assert [str(p) for p in e.value.plan_problems] == ["workload.closed.users: a users level is given twice"]
+
+
+def test_an_open_loop_bar_takes_no_users_level() -> None:
+    bar = {"id": "g", "metric": "goodput_at", "class": "standard", "rate": 2, "users": 8, "at_least": 1.0}
+    with pytest.raises(PlanError) as e:
+        small_plan(bars=[bar])
+    assert [str(p) for p in e.value.plan_problems] == [
+        "bars.0.users: an open-loop plan is judged at a rate; `users` names a level of a closed loop's users "
+        "(workload.closed.users)"]
