@@ -141,6 +141,8 @@ def capacity(
     pareto: bool = typer.Option(False, "--pareto", help="Instead: the Pareto front of stored load points per model "
                                 "and workload (throughput per GPU against per-user speed); --plot draws it."),
     wide: bool = WIDE_OPTION,
+    slo_met: bool = typer.Option(False, "--slo-met", help="With --pareto: one front per class, of the points that "
+                                 "met that class's SLO (attainment at least what the point's plan required)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Capacity over history (valid runs only), one row per comparable group: configuration,
@@ -167,12 +169,16 @@ def capacity(
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise UserError(f"--plot: {plot} must be a .png file")
+    if slo_met and not pareto:
+        raise UserError("--slo-met filters the Pareto front: give it with --pareto")
+    if slo_met and plot is not None:
+        raise UserError("--slo-met prints one front per class; --plot draws the unfiltered front: give one of them")
     if pareto:
         if any(filters[k] is not None for k in ("input_tokens", "output_tokens", "backend",
                                                 "observed_gpu", "observed_engine")):
             raise UserError("--pareto takes the configuration filters, --since, --workload, "
                             "--simulated/--measured and --plot (not token ranges, --backend or --observed-*)")
-        _print_pareto(filters, as_json, plot, wide)
+        _print_pareto(filters, as_json, plot, wide, slo_met)
         return
     from orchestrator.report.capacity_history import capacity_history
 
@@ -198,8 +204,14 @@ def capacity(
         say(f"capacity over time: {drawn.resolve()}")
 
 
-def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, wide: bool = False) -> None:
-    from orchestrator.report.history import pareto_front, points_runs, points_runs_text
+def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, wide: bool = False,
+                  slo_met: bool = False) -> None:
+    from orchestrator.report.history import (
+        pareto_front,
+        pareto_front_per_class,
+        points_runs,
+        points_runs_text,
+    )
     from orchestrator.store import Store
 
     keep = ("model", "gpu", "layout", "since_days", "kv_cache_dtype", "max_num_seqs", "tp", "router_policy",
@@ -208,7 +220,8 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
     with Store.open() as store:
         points = store.load_points(**chosen)
         censored = store.censored_runs([int(r) for r in points["run_id"]]) if not points.empty else set()
-    front = pareto_front(points)
+        met = store.point_attainment(points["point_id"].tolist()) if slo_met else None
+    front = pareto_front(points) if met is None else pareto_front_per_class(points, met)
     counts = points_runs(points, censored)
     drawn = None
     if plot is not None and not points.empty:
@@ -222,7 +235,7 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         warn(f"{drawn.left_out} more model/workload group(s) not drawn (at most {len(drawn.panels)} panels): "
              "narrow with --model or --workload")
     if as_json:
-        doc: dict[str, Any] = {"filters": chosen, **counts,
+        doc: dict[str, Any] = {"filters": chosen | ({"slo_met": True} if slo_met else {}), **counts,
                                "rows": [{**{k: _cell(v) for k, v in r.items()}, "run_censored": int(r["run_id"]) in censored}
                                         for r in front.to_dict("records")]}
         if plot is not None:
@@ -231,23 +244,28 @@ def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = No
         emit_json(doc)
         return
     if front.empty:
-        say("no valid open-loop load points match these filters" + ("; no plot drawn" if plot is not None else ""))
+        say(("no valid open-loop load point met a class's SLO under these filters" if slo_met else
+             "no valid open-loop load points match these filters") + ("; no plot drawn" if plot is not None else ""))
         return
+    title = ("Pareto front per class, of the points that met its SLO, per model and workload"
+             if slo_met else "Pareto front per model and workload: no stored point is faster per user AND higher per GPU")
+    columns = (PARETO_COLUMNS[0], *((Column("class", 0, fold=True, min_width=8),) if slo_met else ()), *PARETO_COLUMNS[1:])
     # "#": the number beside the point in the plot's panel of its model and workload
-    numbers = front.groupby(["model", "workload_sha256"], sort=False).cumcount() + 1
+    group = [*(["class_name"] if slo_met else []), "model", "workload_sha256"]
+    numbers = front.groupby(group, sort=False).cumcount() + 1
     rows: list[list[str] | None] = []
     previous = None
     for n, r in zip(numbers, front.to_dict("records"), strict=True):
-        key = (r["model"], r["workload_sha256"], r["simulated"])
+        key = (r.get("class_name"), r["model"], r["workload_sha256"], r["simulated"])
         if previous is not None and key != previous:
             rows.append(None)
         previous = key
-        rows.append([str(n), r["model"], f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
+        rows.append([str(n), *((str(r["class_name"]),) if slo_met else ()), r["model"],
+                     f"{r['workload']} [{str(r['workload_sha256'])[:8]}]",
                      "SIMULATED" if r["simulated"] else "measured", r["label"],
                      f"{r['offered_rate']:.3g} {rate_unit_of_summary(str(r['workload']))}",
                      f"{r['per_user_tok_s']:,.1f}", f"{r['tpot_p50_ms']:.2f}", f"{r['tok_s_per_gpu']:,.0f}"])
-    print_table("Pareto front per model and workload: no stored point is faster per user AND higher per GPU",
-                PARETO_COLUMNS, rows, wide=wide, console=_console())
+    print_table(title, columns, rows, wide=wide, console=_console())
     say(points_runs_text(counts))
     if drawn is not None:
         say(f"Pareto front: {drawn.points} point(s) ({drawn.simulated_points} simulated, hollow), "

@@ -21,6 +21,8 @@ def validate(
     results = []
     problems: list[str] = []
     from orchestrator.control.design import design_warnings
+    from orchestrator.plan.experiment import ARM_NAMES
+    from orchestrator.plan.sweep import arm_names, describe
 
     for f in files:
         try:
@@ -31,13 +33,18 @@ def validate(
             results.append({"file": str(f), "valid": False, "problems": list(e.problems)})
             continue
         warnings = plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms))
+        names = {} if plan.sweep is None else arm_names(plan.sweep, ARM_NAMES)
+        swept = {} if plan.sweep is None else {"sweep": {"design": describe(plan.sweep), "arms": names}}
         results.append(
             {"file": str(f), "valid": True, "name": plan.name, "sha256": plan_hash(plan), "warnings": warnings}
+            | swept
         )
         if not as_json:
             for w in warnings:
                 warn(w)
             say(f"{f}: valid ({plan.name}, sha256 {plan_hash(plan)[:16]})")
+            if plan.sweep is not None:  # the letters a bar compares
+                say(f"  sweep: {describe(plan.sweep)}: " + ", ".join(f"{k} {n}" for k, n in names.items()))
     if as_json:
         emit_json({"plans": results})
     if problems:

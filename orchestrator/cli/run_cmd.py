@@ -45,7 +45,15 @@ def _outcome_doc(store: StoreLike, out: ExperimentOutcome, rate_unit: str) -> di
         ],
         "gate_exit_code": out.gate_code,
         "chain_head": store.chain_head(),
-    }
+    } | _stored_sweep(store, out.experiment_id)
+
+
+def _stored_sweep(store: StoreLike, experiment_id: int) -> dict:
+    """A sweep plan's effects as stored with its verdicts ({"sweep": ...}); {} for any other plan."""
+    for v in store.verdicts(experiment_id):
+        if v.evidence and v.evidence.get("sweep"):
+            return {"sweep": v.evidence["sweep"]}
+    return {}
 
 
 def _print_outcome(doc: dict, details: bool = False) -> None:
@@ -64,6 +72,9 @@ def _print_outcome(doc: dict, details: bool = False) -> None:
         say("  (the plan has no bars)")
     for v in doc["verdicts"]:
         for line in verdict_lines(v, details, e.get("rate_unit", "req/s")):
+            say(line)
+    if doc.get("sweep"):
+        for line in sweep_lines(doc["sweep"]):
             say(line)
     if not details and any(verdict_lines(v) != verdict_lines(v, True) for v in doc["verdicts"]):
         say(DETAILS_HINT.format(name=e["name"]))
@@ -158,6 +169,18 @@ def demo(as_json: bool = JSON_OPTION) -> None:
     say(f"report: {doc['report']}")
 
 
+def sweep_lines(sweep: dict) -> list[str]:
+    """A sweep's arms by readable name, then each effect on one line with its interval."""
+    lines = ["sweep arms: " + ", ".join(f"{k} {n}" for k, n in sweep["arms"].items()), "effects (capacity ratios):"]
+    for e in sweep["effects"]:
+        what = "main effect" if e["kind"] == "main" else "interaction"
+        interval = ("no interval (fewer than 2 blocks)" if e["lower"] is None or e["upper"] is None
+                    else f"{e['confidence']:.0%} interval {e['lower']:.3g}..{e['upper']:.3g}")
+        lines.append(f"  {what} [{e['class']}] {e['label']}: x{e['ratio']:.3g}, {interval}, {e['blocks']} block(s)")
+    lines += [f"  left out of [{x['class']}] effects: block {x['block']}: {x['why']}" for x in sweep["left_out"]]
+    return lines
+
+
 def _fallback_label(lower: float | None, upper: float | None, confidence: float, compare: str = "B/A") -> str:
     """For a verdict stored before its label was (migration 0005): what lower..upper then was."""
     lo = "-" if _num(lower) is None else f"{lower:.4g}"
@@ -170,6 +193,7 @@ def _verdict_row(bar: Bar, verdict: str, estimate: float | None, lower: float | 
                  upper: float | None, blocks: int, note: str = "",
                  label: str | None = None, evidence: dict | None = None) -> dict:
     row = {"bar": bar.id, "compare": bar.compare, "class": bar.service_class, "metric": bar.metric, "rate": bar.rate,
+           **({"users": bar.users} if bar.users is not None else {}),
            "threshold": bar.threshold, "direction": bar.direction, "verdict": verdict,
            "estimate": _num(estimate), "lower": _num(lower), "upper": _num(upper),
            "confidence": bar.confidence, "blocks": blocks, "note": note or "",
@@ -213,7 +237,9 @@ def _experiment_doc(store: StoreLike, key: str) -> tuple[dict, int]:
         "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "position": r.position, "attempt": r.attempt,
                   "status": r.status, "valid": r.valid, "reason": r.invalid_reason} for r in runs],
         "gate_exit_code": code,
-    }
+    } | _stored_sweep(store, exp.id)
+    for row in verdicts:
+        row.pop("sweep", None)  # once, at the top of the document
     return doc, code
 
 

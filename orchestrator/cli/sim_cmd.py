@@ -171,6 +171,10 @@ def simulate(
         say(f"bar {b.id}: predicted {j.verdict}, {b.compare} {j.estimate:.3f} [{j.lower:.3f}, {j.upper:.3f}] over "
             f"{j.n} blocks ({b.direction} {b.threshold:g}); power {b.power:.0%}"
             + (f"; {b.blocks_for_power} blocks for 80% power" if b.blocks_for_power else ""))
+    if result.sweep is not None:
+        sw = result.sweep
+        say(f"sweep: {sw.design} x {sw.blocks} blocks: {sw.gpu_hours:.2f} GPU-hours before it runs ("
+            + ", ".join(f"{k} {n}" for k, n in sw.arms.items()) + ")")
     say(f"GPU-hours: {result.gpu_hours:.2f} ("
         + ", ".join(f"{k} {v:.2f}" for k, v in result.gpu_hours_per_arm.items())
         + f"), wall {result.wall_hours:.2f} h")

@@ -107,6 +107,7 @@ def verdict_lines(v: dict[str, Any], details: bool = False, rate_unit: str = "re
     est = "-" if v["estimate"] is None else f"{v['estimate']:.3f}"
     cmp_ = ">=" if v["direction"] == "at_least" else "<="
     what = v["metric"] + (f" at {v['rate']:g} {rate_unit}" if v.get("rate") is not None else "")
+    what += f" at {v['users']} users" if v.get("users") is not None else ""
     lines = [f"  {v['bar']}: {v['verdict']}  {v.get('compare') or 'B/A'} {what} [{v['class']}] = {est} over "
              f"{v['blocks']} block(s) (bar {cmp_} {v['threshold']:g}, confidence {v['confidence']:.0%})"]
     label = v["label"] if details else v["label"].split("; ")[0]

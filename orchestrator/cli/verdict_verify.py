@@ -34,4 +34,33 @@ def recheck(store: StoreLike, doc: dict[str, Any], row_of: Callable[[BarOutcome]
     doc["verdict_check"] = {"recomputed": True, "differ": [c.bar_id for c in differ],
                             "superseded": [c.bar_id for c in checks if c.superseded],
                             "bars": [c.to_dict() for c in checks]}
-    return [c.line() for c in differ]
+    return [c.line() for c in differ] + _sweep_differs(store, doc, plan, checks)
+
+
+def _sweep_differs(store: StoreLike, doc: dict[str, Any], plan: Any, checks: list[Any]) -> list[str]:
+    """A sweep's effects judged again from the stored capacities: one line per stored verdict
+    (not superseded) whose effects are not what the records give; ``doc["sweep"]`` the effects
+    judged now."""
+    from orchestrator.control.effects import experiment_effects
+
+    effects = experiment_effects(store, doc["experiment"]["id"], plan)
+    if effects is None:
+        return []
+    now = _plain(effects.to_dict())
+    doc["sweep"] = now
+    return [f"bar {c.bar_id}: the sweep's effects stored with its verdict are not what its records give; "
+            "the stored effects are not trusted"
+            for c in checks if c.stored is not None and not c.superseded
+            and _plain((c.stored.evidence or {}).get("sweep")) != now]
+
+
+def _plain(doc: Any) -> Any:
+    """A document as the store keeps it (JSON): floats rounded to 12 significant digits, so a
+    database that rounds a double on the way does not count as a change."""
+    if isinstance(doc, dict):
+        return {str(k): _plain(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_plain(v) for v in doc]
+    if isinstance(doc, float):
+        return float(f"{doc:.12g}")
+    return doc

@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ from orchestrator.errors import UserError
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.paths import cache_root, data_root
 from orchestrator.plan import Plan, plan_hash
+from orchestrator.plan.experiment import ARM_NAMES
+from orchestrator.plan.sweep import arm_names, describe
 from orchestrator.sim.engine import Windows, cluster_for_arm
 from orchestrator.sim.model import DeviceProfile
 from orchestrator.sim.profiles import profile_for, profiles_in
@@ -220,6 +222,19 @@ def _rate_of(res: CapacityResult, plan: Plan) -> float:
 
 
 @dataclass(frozen=True)
+class SweepPrice:
+    """What a sweep costs before it runs: its design in words, its arms by readable name, and
+    GPU-hours = sum over arms of GPUs x blocks x (deploy + points x a point's seconds)."""
+
+    design: str
+    arms: dict[str, str]
+    blocks: int
+    points_per_run: dict[str, int]
+    gpus: dict[str, int]
+    gpu_hours: float
+
+
+@dataclass(frozen=True)
 class DryRunResult:
     """What ``orch plan simulate`` prints."""
 
@@ -237,6 +252,8 @@ class DryRunResult:
     windows: DryWindows
     notes: list[str]
     elapsed_s: float
+    sweep: SweepPrice | None = None  # a sweep plan: its design, arms and price
+
 
     def to_dict(self) -> dict[str, object]:
         arms = {}
@@ -263,7 +280,7 @@ class DryRunResult:
                           "wall_hours": self.wall_hours, "deploy_s_assumed": DEPLOY_S},
             "notes": self.notes,
             "elapsed_s": self.elapsed_s,
-        }
+        } | ({"sweep": asdict(self.sweep)} if self.sweep is not None else {})
 
 
 def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
@@ -309,8 +326,18 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
         plan=plan.name, sha256=plan_hash(plan), seed=seed, replications=replications, noise=sigma,
         noise_source=source, arms=arms, bars=bars, gpu_hours=sum(per_arm.values()),
         gpu_hours_per_arm=per_arm, wall_hours=wall, windows=windows, notes=notes,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=time.perf_counter() - started, sweep=_sweep_price(plan, arms, sum(per_arm.values())),
     )
+
+
+def _sweep_price(plan: Plan, arms: dict[str, ArmPrediction], gpu_hours: float) -> SweepPrice | None:
+    """A sweep plan's price before it runs: its arms (the cells) x blocks x each arm's points x
+    a point's seconds x the arm's GPUs, in GPU-hours (the sum over arms above)."""
+    if plan.sweep is None:
+        return None
+    return SweepPrice(describe(plan.sweep), arm_names(plan.sweep, ARM_NAMES), plan.design.blocks,
+                      {n: a.points_per_run for n, a in arms.items()}, {n: a.gpus for n, a in arms.items()},
+                      gpu_hours)
 
 
 def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Sequence[float],

@@ -39,8 +39,9 @@ from orchestrator.analysis.guards import (
 from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
 from orchestrator.control.design import block_order
+from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
-from orchestrator.control.load_kinds import load_kind
+from orchestrator.control.load_kinds import level_plans, load_kind
 from orchestrator.control.points import PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.spool import replay, spooled_points
@@ -261,11 +262,14 @@ class Executor:
             self.store.set_experiment_status(exp_id, "running")  # resumable; status stays open
             raise
         bars = judge_experiment(self.store, exp_id, plan)
+        effects = experiment_effects(self.store, exp_id, plan)
         for o in bars:
             j = o.judgement
+            # A sweep's effects are stored with every bar's verdict (one judgement of the records).
+            sweep = {} if effects is None else {"sweep": effects.to_dict()}
             self.store.record_verdict(exp_id, reg.id, o.bar.id, j.verdict, _finite(j.estimate),
                                       _finite(j.lower), _finite(j.upper), j.n, label=j.label, note=j.note,
-                                      evidence=o.evidence())
+                                      evidence=o.evidence() | sweep)
         finished_all = stopped or self.config.max_blocks is None or self.config.max_blocks >= plan.design.blocks
         if finished_all:
             self.store.set_experiment_status(exp_id, "done")
@@ -373,9 +377,13 @@ class Executor:
                                  self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
             runner.warm_up(dep, arm, block, attempt)
             if not runner.kind.searchable:
-                # Closed loop: one point at the plan's N users; no capacity (open loop only).
-                p = self._point(plan, arm, block, run_id, dep, runner, points, None, None)
-                line = f"{p.metrics.throughput_tok_s:.0f} tok/s at {runner.kind.label(plan, None)}"
+                # Closed loop: one point at the plan's N users (a concurrency sweep: one per
+                # level, in order); no capacity (open loop only).
+                lines = []
+                for level in level_plans(plan):
+                    p = self._point(level, arm, block, run_id, dep, runner.for_plan(level), points, None, None)
+                    lines.append(f"{p.metrics.throughput_tok_s:.0f} tok/s at {runner.kind.label(level, None)}")
+                line = "; ".join(lines)
             else:
                 caps = self._search(plan, arm, block, run_id, dep, runner, points)
                 for bar in plan.bars:

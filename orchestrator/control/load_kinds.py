@@ -270,9 +270,9 @@ class ClosedLoad(LoadKind):
         closed = plan.workload.closed
         assert closed is not None
         s = plan.search
-        seed = point_seed(plan.design.seed, block, -float(closed.users), 0, attempt)
+        seed = point_seed(plan.design.seed, block, -float(closed.level()), 0, attempt)
         return LoadPoint(seed, None, s.warmup_s + s.point_s + s.cooldown_s, s.warmup_s, s.point_s,
-                         users=closed.users)
+                         users=closed.level())
 
     def run(self, plan: Plan, driver: LoadDriver, pt: LoadPoint, send: Send, *, shards: int = 1,
             sharded: ShardedRun | None = None, stop_when: StopCheck | None = None,
@@ -282,18 +282,19 @@ class ClosedLoad(LoadKind):
         taken: list[RequestSpec] = []  # the requests the users actually took, for the guards
         summary = driver.closed_loop(
             send.url, send.model, _taking(data(requests_iter, plan.workload, pt.seed), taken),
-            users=closed.users, think_s=closed.think_s, ramp_up_s=closed.ramp_up_s,
+            users=closed.level(), think_s=closed.think_s, ramp_up_s=closed.ramp_up_s,
             duration_s=pt.duration_s, warmup_s=pt.warmup_s, measure_s=pt.measure_s, **send.kwargs())
         pt.requests = taken
         return summary
 
     def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float) -> list[RequestSpec]:
-        # The plan's own users for a few seconds: the load a closed-loop point will bring.
+        # The plan's own users for a few seconds: the load a closed-loop point will bring (a
+        # concurrency sweep's most: every level's point then follows a warm server).
         closed = plan.workload.closed
         assert closed is not None
         taken: list[RequestSpec] = []
         driver.closed_loop(send.url, send.model, _taking(data(requests_iter, plan.workload, seed), taken),
-                           users=closed.users, think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
+                           users=max(closed.levels), think_s=closed.think_s, ramp_up_s=min(closed.ramp_up_s, seconds),
                            duration_s=seconds, warmup_s=seconds, measure_s=None, **send.kwargs())
         return taken
 
@@ -302,11 +303,21 @@ class ClosedLoad(LoadKind):
 
     def label(self, plan: Plan, rate: float | None) -> str:
         assert plan.workload.closed is not None
-        return f"{plan.workload.closed.users} users (closed loop)"
+        return f"{', '.join(map(str, plan.workload.closed.levels))} users (closed loop)"
 
     def simulate(self, plan: Plan, cluster: ClusterSpec, rate: float, windows: Windows,
                  drain_s: float, seed: int) -> tuple[list[RequestRecord], float, int, float]:
         raise ValueError("capacity comes from open-loop runs only; this workload is closed loop")
+
+
+def level_plans(plan: Plan) -> list[Plan]:
+    """A closed-loop plan at each of its users levels, in order (a concurrency sweep: one point
+    per level in every run); any other plan alone."""
+    closed = plan.workload.closed
+    if closed is None or len(closed.levels) == 1:
+        return [plan]
+    return [plan.model_copy(update={"workload": plan.workload.model_copy(update={"closed": closed.at(n)})})
+            for n in closed.levels]
 
 
 LOAD_KINDS: dict[WorkloadKind, LoadKind] = {
@@ -342,4 +353,4 @@ def run_sharded(url: str, model: str, requests: Sequence[RequestSpec], offsets: 
     return run_point_sharded(url, model, requests, offsets, phases, shards, **kwargs)
 
 
-__all__ = ["LOAD_KINDS", "LoadKind", "LoadPoint", "Send", "data", "load_kind", "run_sharded"]
+__all__ = ["LOAD_KINDS", "LoadKind", "LoadPoint", "Send", "data", "level_plans", "load_kind", "run_sharded"]

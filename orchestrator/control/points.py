@@ -4,6 +4,7 @@ measure, guard. The executor decides which rates; this measures one."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -214,6 +215,13 @@ class PointRunner:
         # shared parts stay in their caches from point to point, so its bound counts them.
         self.seen_blocks: set[int] = set()
         self.kind = load_kind(plan.workload)
+
+    def for_plan(self, plan: Plan) -> PointRunner:
+        """This runner measuring ``plan`` (a closed-loop sweep's plan at one users level), with
+        what this run's servers were already sent."""
+        other = copy.copy(self)
+        other.plan = plan
+        return other
 
     def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0) -> None:
         """Cold servers (first requests, connection set-up, caches) must not leak into the first

@@ -151,8 +151,10 @@ def _at_rate(store: StoreLike, run_id: int, bar: Bar) -> float:
     pts = store.points(run_id)
     if pts.empty:
         return math.nan
-    if bar.rate is None:  # a closed-loop plan: its run's points are all at the plan's N users
+    if bar.rate is None:  # a closed-loop plan: its run's points are at the plan's N users
         pts = pts[pts.valid]
+        if bar.users is not None:  # a concurrency sweep: the bar's level only
+            pts = pts[pts.users == bar.users]
     else:
         pts = pts[pts.valid & ((pts.offered_rate - bar.rate).abs() <= 1e-6 * max(1.0, bar.rate))]
     if pts.empty:

@@ -10,6 +10,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
@@ -20,6 +21,7 @@ from orchestrator.plan.arms import ROUTER_POLICIES_OF, Arm, RouterConfig, router
 from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
 from orchestrator.plan.kubernetes import KubernetesSettings
+from orchestrator.plan.sweep import Sweep, expand
 from orchestrator.plan.workload import Workload
 
 
@@ -59,9 +61,11 @@ Direction = Literal["at_least", "at_most"]
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 
 # Arms are named by consecutive capital letters from A (A conventionally the baseline); two
-# arms (A and B) is the simple case, every arm runs once in every block.
-ARM_NAMES = "ABCDEFGH"
+# arms (A and B) is the simple case, every arm runs once in every block. Up to 8 written by
+# hand (A to H); a sweep expands to up to 16 (A to P).
+ARM_NAMES = "ABCDEFGHIJKLMNOP"
 MAX_ARMS = len(ARM_NAMES)
+MAX_HAND_ARMS = 8
 COMPARE_PATTERN = f"^[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]/[{ARM_NAMES[0]}-{ARM_NAMES[-1]}]$"
 
 
@@ -202,6 +206,16 @@ class Bar(StrictModel):
         "sessions; at most 100000); open "
         "loop only: a closed-loop plan is judged at its N users.",
     )
+    users: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="A closed loop that sweeps users (workload.closed.users a list): the level the bar is "
+                    "judged at (one of them).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_no_users(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a bar at a users level hashes apart).
+        return omit_while(handler(self), {"users": None})
 
     @field_validator("compare")
     @classmethod
@@ -318,7 +332,8 @@ class Plan(StrictModel):
     hypothesis: str = Field(default="", description="What the experiment is meant to show, in words.")
     model: ModelRef = Field(description="Catalog name (e.g. qwen3-8b) or a full model spec.")
     arms: dict[str, Arm] = Field(
-        description="The arms: A and B, or more named by consecutive letters (A, B, C, ... up to H); "
+        description="The arms: A and B, or more named by consecutive letters (A, B, C, ... up to H; a sweep "
+                    "writes up to P); "
                     "every block runs each arm once."
     )
     router: RouterConfig = Field(
@@ -342,6 +357,35 @@ class Plan(StrictModel):
     )
     sim: SimSettings = Field(default_factory=SimSettings, description="Simulated engine parameters.")
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings, description="Cluster settings (backend: kubernetes).")
+    sweep: Sweep | None = Field(
+        default=None,
+        description="Factors and levels over arm A's fields, expanded into the plan's arms (A: every "
+                    "factor at its first level); the verdict estimates each factor's effect.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_sweep(cls, data: Any) -> Any:
+        """A sweep plan gives arm A (the base); its arms are the sweep's cells. The canonical
+        form holds the expanded arms too: they must be what the sweep writes."""
+        if not isinstance(data, dict):
+            return data
+        swept = swept_arms(data)
+        if swept is None:
+            return data
+        arms, problems = swept
+        if problems:
+            raise CrossFieldError([(f"sweep.{path}", msg) for path, msg in problems])
+        given = {k: v for k, v in data["arms"].items() if k != "A"}
+        if given and not _same_arms(given, arms):
+            raise CrossFieldError([("arms", "a sweep plan gives one arm, A (the base arm its factors vary); the "
+                                            f"sweep writes the others: remove arms {', '.join(map(str, given))}")])
+        return {**data, "arms": arms}
+
+    @model_serializer(mode="wrap")
+    def _omit_no_sweep(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a sweep plan hashes apart; every other keeps its hash).
+        return omit_while(handler(self), {"sweep": None})
 
     @field_validator("arms")
     @classmethod
@@ -358,6 +402,13 @@ class Plan(StrictModel):
             backend=self.backend,
         )
         problems.extend(_router_policy_fits(self.router, self.arms))
+        if self.sweep is None and len(self.arms) > MAX_HAND_ARMS:
+            problems.append(Problem("arms", f"at most {MAX_HAND_ARMS} arms written by hand (A to "
+                                            f"{ARM_NAMES[MAX_HAND_ARMS - 1]}); a sweep (`sweep:`) writes up to "
+                                            f"{MAX_ARMS} (A to {ARM_NAMES[-1]}) from arm A"))
+        if self.sweep is not None and not self.bars:
+            problems.append(Problem("bars", "a sweep's effects are stored with the verdicts of its bars: register "
+                                            "at least one bar (e.g. the arm of every factor's last level over A)"))
         if problems:
             raise PlanError(problems)
         return self
@@ -446,18 +497,30 @@ def _bar_fits_loop(i: int, bar: Bar, workload: Workload) -> list[Problem]:
     """Open loop: a point metric names its offered rate. Closed loop: no capacity (DESIGN 7:
     capacity comes from open-loop runs only) and no rate (the point is the plan's N users)."""
     if workload.open_loop:
+        out = []
         if bar.metric != "capacity" and bar.rate is None:
-            return [Problem(f"bars.{i}.rate", f"metric {bar.metric} needs the offered `rate`")]
-        return []
+            out.append(Problem(f"bars.{i}.rate", f"metric {bar.metric} needs the offered `rate`"))
+        if bar.users is not None:
+            out.append(Problem(f"bars.{i}.users", "an open-loop plan is judged at a rate; `users` names a level "
+                                                  "of a closed loop's users (workload.closed.users)"))
+        return out
+    levels = workload.closed.levels if workload.closed is not None else ()
+    out = []
+    if bar.users is None and len(levels) > 1:
+        out.append(Problem(f"bars.{i}.users", f"the workload sweeps users ({', '.join(map(str, levels))}): name "
+                                              f"the level the bar is judged at, e.g. `users: {levels[-1]}`"))
+    if bar.users is not None and bar.users not in levels:
+        out.append(Problem(f"bars.{i}.users", f"{bar.users} is not a level of workload.closed.users "
+                                              f"({', '.join(map(str, levels))})"))
     if bar.metric == "capacity":
-        return [Problem(f"bars.{i}.metric",
-                        "capacity comes from open-loop runs only; this workload is closed loop "
-                        "(workload.closed): use goodput_at or attainment_at, judged at its users")]
+        out.append(Problem(f"bars.{i}.metric",
+                           "capacity comes from open-loop runs only; this workload is closed loop "
+                           "(workload.closed): use goodput_at or attainment_at, judged at its users"))
     if bar.rate is not None:
-        return [Problem(f"bars.{i}.rate",
-                        "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
-                        "remove `rate`")]
-    return []
+        out.append(Problem(f"bars.{i}.rate",
+                           "a closed-loop plan is judged at its workload.closed.users, not at a rate: "
+                           "remove `rate`"))
+    return out
 
 
 def _router_policy_fits(router: RouterConfig, arms: dict[str, Arm]) -> list[Problem]:
@@ -483,6 +546,30 @@ def _endpoints_match_backend(arms: dict[str, Arm], backend: str) -> list[Problem
                                f"backend {backend} provisions the arm itself; an endpoint applies to "
                                "backend external only (set `backend: external`, or remove the endpoint)"))
     return out
+
+
+def swept_arms(data: dict[str, Any]) -> tuple[dict[str, Arm], list[tuple[str, str]]] | None:
+    """A plan document's sweep expanded from its arm A: (arms, problems below ``sweep``); None
+    when it has no sweep, or its sweep or arm A is wrong on its own (reported by their fields)."""
+    if data.get("sweep") is None or not isinstance(data.get("arms"), dict):
+        return None
+    try:
+        sweep = Sweep.model_validate(data["sweep"])
+        base = Arm.model_validate(data["arms"].get("A"))
+    except ValidationError:
+        return None
+    router = data.get("router") if isinstance(data.get("router"), dict) else None
+    return expand(sweep, base, ARM_NAMES, router)
+
+
+def _same_arms(given: dict[Any, Any], arms: dict[str, Arm]) -> bool:
+    """The arms a canonical form holds are the sweep's expansion."""
+    if set(given) != set(arms) - {"A"}:
+        return False
+    try:
+        return all(Arm.model_validate(v) == arms[str(k)] for k, v in given.items())
+    except ValidationError:
+        return False
 
 
 def _external_warnings(plan: Plan) -> list[str]:
@@ -544,7 +631,7 @@ def plan_warnings(plan: Plan) -> list[str]:
                     f"context ({ctx:.0f} tokens), fewer than max_num_seqs={arm.engine.max_num_seqs}; "
                     "the engine will queue or preempt"
                 )
-    if plan.bars and len(plan.arms) > 2:
+    if plan.bars and len(plan.arms) > 2 and plan.sweep is None:  # a sweep's arms are judged by its effects
         compared = {a for bar in plan.bars for a in bar.pair}
         out.extend(f"arms.{n}: no bar compares it; it is run in every block but judged by none"
                    for n in plan.arms if n not in compared)

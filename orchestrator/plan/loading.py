@@ -15,7 +15,14 @@ from yaml.composer import ComposerError
 
 from orchestrator.errors import PlanError, Problem
 from orchestrator.plan.base import CrossFieldError
-from orchestrator.plan.experiment import SECTION_TYPES, Plan, arm_names_problem, cross_check
+from orchestrator.plan.experiment import (
+    ARM_NAMES,
+    SECTION_TYPES,
+    Plan,
+    arm_names_problem,
+    cross_check,
+    swept_arms,
+)
 from orchestrator.plan.sources import (
     DataFileError,
     open_regular,
@@ -214,6 +221,14 @@ def _check(data: dict[str, Any]) -> tuple[Plan | None, list[Problem], list[tuple
         bad = [tuple(str(x) for x in err["loc"]) for err in e.errors()
                if err["loc"] and not isinstance((err.get("ctx") or {}).get("error"), CrossFieldError | PlanError)]
     problems.extend(_partial_cross_checks(data))
+    swept = swept_arms(data)
+    if swept is not None and swept[1]:
+        # The sweep's problems stop the plan before its fields are checked: check them with arm A
+        # standing in for every arm (whatever a bar compares), its problems said once, as A's.
+        stand_in = {**data, "sweep": None, "arms": dict.fromkeys(ARM_NAMES, data["arms"].get("A"))}
+        _plan, more, more_bad = _check(stand_in)
+        problems.extend(p for p in more if p.path.startswith("arms.A.") or p.path.split(".")[0] != "arms")
+        bad.extend(loc for loc in more_bad if loc[:1] != ("arms",))
     return None, problems, bad
 
 
@@ -290,6 +305,9 @@ def _partial_cross_checks(data: dict[str, Any]) -> list[Problem]:
             sections[name] = TypeAdapter(typ).validate_python(data[name])
         except (ValidationError, PlanError):
             sections[name] = None
+    swept = swept_arms(data)
+    if swept is not None:  # a sweep plan's arms are its expansion (None: its own problems say why)
+        sections["arms"] = swept[0] if not swept[1] else None
     if isinstance(sections.get("arms"), dict) and arm_names_problem(sections["arms"]):
         sections["arms"] = None
     return cross_check(**sections)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from orchestrator.plan.base import CrossFieldError, StrictModel
 from orchestrator.plan.sources import (
@@ -89,10 +95,42 @@ class OpenLoop(StrictModel):
     )
 
 
-class ClosedLoop(StrictModel):
-    """N users, each waiting for its reply (and a think time) before sending again."""
+UserCount = Annotated[int, Field(ge=1, le=100_000)]
+MAX_USER_LEVELS = 8
 
-    users: int = Field(ge=1, le=100_000, description="Concurrent users (at most 100000).")
+
+class ClosedLoop(StrictModel):
+    """N users, each waiting for its reply (and a think time) before sending again; or a
+    concurrency sweep: a list of user counts, each measured as one point of every run."""
+
+    users: UserCount | list[UserCount] = Field(
+        description="Concurrent users (at most 100000); or a list of 2 to 8 levels (e.g. [8, 32, 128]): every "
+                    "run measures one point at each, in the order given.")
+
+    @field_validator("users")
+    @classmethod
+    def _levels(cls, v: int | list[int]) -> int | list[int]:
+        if isinstance(v, list) and not 2 <= len(v) <= MAX_USER_LEVELS:
+            raise ValueError(f"give one user count, or 2 to {MAX_USER_LEVELS} levels (got {len(v)})")
+        if isinstance(v, list) and len(set(v)) < len(v):
+            raise ValueError("a users level is given twice")
+        return v
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The user counts measured in every run (one, or the sweep's levels in order)."""
+        return tuple(self.users) if isinstance(self.users, list) else (self.users,)
+
+    def level(self) -> int:
+        """The one user count of a closed loop (a sweep's run is measured a level at a time:
+        ``at(n)``)."""
+        if isinstance(self.users, list):
+            raise ValueError("a concurrency sweep is measured one level at a time (ClosedLoop.at)")
+        return self.users
+
+    def at(self, users: int) -> ClosedLoop:
+        """This closed loop at one of its levels."""
+        return self.model_copy(update={"users": users})
     think_s: float = Field(default=0.0, ge=0, le=86_400, description="Pause between a reply and the next request, s (at most 86400).")
     ramp_up_s: float = Field(default=0.0, ge=0, le=86_400, description="Users start evenly over this time, s (at most 86400).")
 

@@ -247,3 +247,14 @@ def points_runs_text(counts: dict[str, int]) -> str:
     if not k:
         return f"points of {n} valid run(s), every capacity a point"
     return f"points of {n} valid run(s) = {n - k} with a point capacity + {k} censored or unconverged (counted too)"
+def pareto_front_per_class(points: pd.DataFrame, attainment: pd.DataFrame) -> pd.DataFrame:
+    """The Pareto front of each class over the points that met its SLO (``attainment``:
+    store.point_attainment rows; a point meets a class's SLO when its attainment there is at
+    least its plan's required one): PARETO_COLUMNS and ``class_name``, by class."""
+    met = attainment[attainment["attainment"] >= attainment["required"]]
+    fronts = [pareto_front(points[points["point_id"].isin(ids)]).assign(class_name=cls)
+              for cls, ids in met.groupby("class_name", sort=True)["point_id"]]
+    fronts = [f for f in fronts if not f.empty]
+    if not fronts:
+        return pd.DataFrame(columns=[*PARETO_COLUMNS, "class_name"])
+    return pd.concat(fronts, ignore_index=True)

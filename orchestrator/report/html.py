@@ -70,6 +70,28 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 <p id="verdicts-none">The plan registered no bars: nothing was judged.</p>
 {% endif %}
 
+{% if sweep %}
+<h2 id="sweep-section">Sweep effects</h2>
+<p>Arms: {% for k, n in sweep.arms.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}
+(A: every factor at its first level, the baseline).</p>
+<table id="sweep-effects">
+<thead><tr><th>effect</th><th>class</th><th>contrast</th><th>capacity ratio</th><th>interval</th><th>blocks</th></tr></thead>
+<tbody>
+{% for x in sweep.effects %}
+<tr><td>{{ "main effect" if x.kind == "main" else "interaction" }}</td><td>{{ x["class"] }}</td><td>{{ x.label }}</td>
+<td class="num">{{ f3(x.ratio) }}</td>
+<td>{% if x.lower is none %}none (fewer than 2 blocks){% else %}{{ f3(x.lower) }}..{{ f3(x.upper) }} ({{ "%.0f%%"|format(100 * x.confidence) }} two-sided){% endif %}</td>
+<td class="num">{{ x.blocks }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% for x in sweep.left_out %}<div class="dropped">left out of [{{ x["class"] }}]: block {{ x.block }}: {{ x.why }}</div>{% endfor %}
+<p class="muted">A main effect is the ratio of geometric mean capacities between a factor's level and its
+first level, over the other factors' levels; an interaction is how much one factor's ratio changes with the
+other's level (1: none). Each is a contrast of ln capacity within each block (the block effect cancels),
+its interval Student's t over the blocks where every arm has a point capacity.</p>
+{% endif %}
+
 <h2>Capacity per run</h2>
 <table id="capacities">
 <thead><tr><th>run</th><th>block</th><th>arm</th><th>attempt</th><th>class</th><th>valid</th>
@@ -155,7 +177,8 @@ def render(doc: dict[str, Any], images: dict[str, Any], plan_doc: dict[str, Any]
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = env.from_string(TEMPLATE)
     return template.render(
-        e={"rate_unit": "req/s", **doc["experiment"]}, verdicts=doc["verdicts"], capacities=doc["capacities"],
+        e={"rate_unit": "req/s", **doc["experiment"]}, verdicts=doc["verdicts"], sweep=doc.get("sweep"),
+        capacities=doc["capacities"],
         runs=doc["runs"], guards=doc["guards"], fingerprints=doc["fingerprints"], images=images,
         classes=classes, plan_yaml=yaml.safe_dump(plan_doc, sort_keys=False, width=100),
         f3=_f3, f0=_f0, dumps=lambda d: json.dumps(d, indent=1, sort_keys=True, default=str),

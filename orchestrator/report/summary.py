@@ -62,6 +62,15 @@ def verdict_rows(data: ExperimentData) -> list[dict[str, Any]]:
     return rows
 
 
+def sweep_doc(data: ExperimentData) -> dict[str, Any] | None:
+    """A sweep plan's arms by readable name and its effects with their intervals, as stored with
+    its verdicts (None: not a sweep plan, or not judged yet)."""
+    for v in data.verdicts:
+        if v.evidence and v.evidence.get("sweep"):
+            return dict(v.evidence["sweep"])
+    return None
+
+
 def capacity_rows(data: ExperimentData) -> list[dict[str, Any]]:
     """Every stored capacity with its censoring: censored (None, below_min, above_max,
     at_ceiling), converged, and upper (None: unbounded)."""

@@ -27,6 +27,7 @@ def report_document(data: ExperimentData) -> dict[str, Any]:
     return {
         "experiment": summary.experiment_doc(data),
         "verdicts": summary.verdict_rows(data),
+        "sweep": summary.sweep_doc(data),
         "capacities": summary.capacity_rows(data),
         "runs": summary.run_rows(data),
         "guards": summary.guard_rows(data),

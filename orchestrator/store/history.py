@@ -560,9 +560,9 @@ def load_points(engine: sa.Engine, **filters: Any) -> pd.DataFrame:
     if since is not None:
         where.append(Run.finished_at >= utcnow() - timedelta(days=since))
     columns = ["config_id", "label", "model", "gpu", "gpus", "workload_sha256", "simulated", "run_id",
-               "offered_rate", "throughput_tok_s", "tpot_p50_s"]
+               "point_id", "offered_rate", "throughput_tok_s", "tpot_p50_s"]
     cols = (dc.id.label("config_id"), dc.label, dc.model, dc.gpu, dc.gpus, keys.c.workload_sha256, keys.c.simulated,
-            LoadPoint.run_id, LoadPoint.offered_rate, LoadPoint.throughput_tok_s)
+            LoadPoint.run_id, LoadPoint.id.label("point_id"), LoadPoint.offered_rate, LoadPoint.throughput_tok_s)
     from_ = (sa.join(LoadPoint, Run, Run.id == LoadPoint.run_id).join(dc, dc.id == Run.config_id)
              .join(keys, keys.c.run_id == Run.id))
     with engine.connect() as conn:

@@ -3,12 +3,13 @@ the best configurations, trends, configuration details and workload signatures."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
 
-from orchestrator.store import history, history_censored, summaries
+from orchestrator.store import history, history_censored, point_slo, summaries
 
 
 class HistoryQueries:
@@ -57,3 +58,7 @@ class HistoryQueries:
     def censored_runs(self, run_ids: list[int]) -> set[int]:
         """See history_censored.censored_runs."""
         return history_censored.censored_runs(self.engine, run_ids)
+
+    def point_attainment(self, point_ids: Sequence[int]) -> pd.DataFrame:
+        """See point_slo.point_attainment."""
+        return point_slo.point_attainment(self.engine, point_ids)

@@ -244,7 +244,7 @@ def tpot_p50(percentiles: Any) -> Any:
     )
 
 
-POINT_KINDS = ("int8", "text", "text", "text", "int8", "text", "int8", "int8", "float8", "float8", "float8")
+POINT_KINDS = ("int8", "text", "text", "text", "int8", "text", "int8", "int8", "int8", "float8", "float8", "float8")
 
 
 def points_frame(cols: Sequence[Any], columns: list[str]) -> pd.DataFrame:

@@ -230,7 +230,7 @@ def _direct_points(store: Store, **filters: Any) -> list[tuple[Any, ...]]:
                     continue
                 if filters.get("model") not in (None, dc.model) or filters.get("simulated") not in (None, bool(sim)):
                     continue
-                out.append((dc.id, dc.label, dc.model, dc.gpu, dc.gpus, sha, bool(sim), run.id, p.offered_rate,
+                out.append((dc.id, dc.label, dc.model, dc.gpu, dc.gpus, sha, bool(sim), run.id, p.id, p.offered_rate,
                             p.throughput_tok_s, float(tpot)))
     return sorted(out, key=repr)
 
@@ -242,7 +242,7 @@ def test_load_points_equal_the_direct_computation(seeded: Store) -> None:
         got = sorted((tuple(r[:-1]) for r in frame.itertuples(index=False)), key=repr)
         assert got == _direct_points(seeded, **case), case
         assert math.inf in set(frame["tpot_p50_s"]) or case  # "Infinity" counts as a TPOT, as before
-        assert frame["simulated"].dtype == bool and frame["run_id"].dtype == "int64"
+        assert frame["simulated"].dtype == bool and frame["run_id"].dtype == "int64" == frame["point_id"].dtype
         assert frame["tpot_p50_s"].dtype == "float64" and (frame["tpot_p50_s"] > 0).all()
 
 

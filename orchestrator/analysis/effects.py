@@ -1,0 +1,130 @@
+"""Effects of a sweep's factors on capacity, with intervals. Pure: numpy and scipy only.
+
+**The model.** ln C_bk = beta_b + mu_k + e_bk: the log capacity of cell (arm) k in block b is
+a block effect (the hour, the machine, the drift of that block) plus the cell's own effect
+plus noise. The cell effects decompose into factor effects: in a full factorial of two
+factors F and G, mu_(i,j) = m + f_i + g_j + (fg)_ij. Every contrast below is a combination of
+cells whose weights sum to zero, so beta_b cancels within each block: a block gives the
+contrast's value d_b from its own runs (the per-block log ratios against the baseline, arm A,
+are the same numbers with the block effect taken out). The estimate is the mean of d_b over the
+blocks where every cell has a point capacity, and its interval is Student's t at the sweep's
+two-sided confidence with n - 1 degrees of freedom, the spread floored at ``SD_FLOOR`` as a
+bar's is: the error of a contrast is estimated from its own block-to-block variation (the
+block x cell interaction), so a cell that is noisier than another widens only the contrasts it
+enters.
+
+- **Main effect** of factor F at level l against its first level: the ratio of geometric mean
+  capacities, exp(mean over cells with F = l of ln C - mean over cells with F = first of ln C),
+  averaged over the other factors' levels as the design holds them (every combination in a full
+  factorial; a balanced half in a fraction, where main effects are aliased with interactions of
+  the other factors).
+- **Interaction** of two factors F and G (full factorial), levels i and j against the first
+  levels: exp((ln C_ij - ln C_i0) - (ln C_0j - ln C_00)), averaged over any further factors: how
+  much F's ratio at G = j differs from F's ratio at G's first level (1: no interaction).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats as sps
+
+from orchestrator.analysis.stats import SD_FLOOR
+
+EffectKind = Literal["main", "interaction"]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One contrast of a sweep: a ratio of geometric mean capacities with its two-sided
+    interval (None: fewer than 2 blocks)."""
+
+    kind: EffectKind
+    service_class: str
+    factors: tuple[str, ...]  # one (main) or two (interaction)
+    levels: tuple[str, ...]  # the level of each factor compared
+    reference: tuple[str, ...]  # the level each is compared against (the first)
+    ratio: float
+    lower: float | None
+    upper: float | None
+    confidence: float
+    blocks: int
+
+    @property
+    def label(self) -> str:
+        """What it is, in words, e.g. ``replicas 2 vs 1`` or ``replicas 2 vs 1 x mns 64 vs 4``."""
+        return " x ".join(f"{f} {lv} vs {ref}" for f, lv, ref in zip(self.factors, self.levels, self.reference,
+                                                                      strict=True))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "class": self.service_class, "factors": list(self.factors),
+                "levels": list(self.levels), "reference": list(self.reference), "ratio": self.ratio,
+                "lower": self.lower, "upper": self.upper, "confidence": self.confidence, "blocks": self.blocks,
+                "label": self.label}
+
+
+def contrast_interval(d: Sequence[float], confidence: float, sd_floor: float = SD_FLOOR,
+                      ) -> tuple[float, float | None, float | None]:
+    """(estimate, lower, upper) of exp(mean d) from per-block contrasts ``d`` (ln units): a
+    two-sided Student t interval; no interval with fewer than 2 blocks."""
+    x = np.asarray(d, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return math.exp(mean), None, None
+    sd = max(float(x.std(ddof=1)), sd_floor)
+    half = float(sps.t.ppf(0.5 + confidence / 2, len(x) - 1)) * sd / math.sqrt(len(x))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _weights(cells: Mapping[str, tuple[int, ...]], term: Mapping[int, int]) -> dict[str, float]:
+    """Contrast weights over cells for a main effect (``term`` {factor: level}) or a two-factor
+    interaction ({f: i, g: j}): +/- 1/count of each group of cells, summing to zero."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for arm, cell in cells.items():
+        key = tuple(cell[f] for f in term)
+        if all(k in (0, term[f]) for k, f in zip(key, term, strict=True)):
+            groups.setdefault(key, []).append(arm)
+    w: dict[str, float] = {}
+    for key, arms in groups.items():
+        # main effect: + at level l, - at level 0; interaction: + at (i,j) and (0,0), - at (i,0), (0,j)
+        sign = (-1) ** sum(1 for k in key if k == 0)
+        for arm in arms:
+            w[arm] = sign / len(arms)
+    return w
+
+
+def sweep_effects(
+    factors: Mapping[str, Sequence[str]],
+    cells: Mapping[str, tuple[int, ...]],
+    ln_capacity: Mapping[int, Mapping[str, float]],
+    service_class: str,
+    confidence: float,
+    interactions: bool,
+) -> list[Effect]:
+    """Every main effect (each factor's levels against its first) and, with ``interactions``
+    (a full factorial), every two-factor interaction, from ``ln_capacity`` block -> arm -> ln C
+    (only blocks where every cell has a value are used; the caller leaves out the rest).
+    ``factors``: each factor's levels as text, in the order of ``cells``' indices."""
+    names = list(factors)
+    blocks = sorted(b for b, row in ln_capacity.items() if all(a in row for a in cells))
+    out: list[Effect] = []
+    if not blocks:
+        return out
+    terms: list[tuple[EffectKind, dict[int, int]]] = [
+        ("main", {f: lv}) for f, levels in enumerate(factors.values()) for lv in range(1, len(levels))]
+    if interactions:
+        terms += [("interaction", {f: i, g: j}) for f, g in itertools.combinations(range(len(names)), 2)
+                  for i in range(1, len(factors[names[f]])) for j in range(1, len(factors[names[g]]))]
+    for kind, term in terms:
+        w = _weights(cells, term)
+        d = [sum(wk * ln_capacity[b][arm] for arm, wk in w.items()) for b in blocks]
+        ratio, lo, hi = contrast_interval(d, confidence)
+        out.append(Effect(kind, service_class, tuple(names[f] for f in term),
+                          tuple(factors[names[f]][lv] for f, lv in term.items()),
+                          tuple(factors[names[f]][0] for f in term), ratio, lo, hi, confidence, len(blocks)))
+    return out

@@ -1,0 +1,85 @@
+"""A sweep's effects from the stored capacities (``analysis.effects`` does the arithmetic).
+
+Only a point capacity counts (censored or unconverged ones give no point): a block enters a
+class's effects when every arm of the sweep has a valid run there with a point capacity at that
+class; the others are left out of that class's effects (``SweepEffects.left_out`` says why)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.analysis.effects import Effect, sweep_effects
+from orchestrator.control.verdicts import valid_runs
+from orchestrator.plan import Plan
+from orchestrator.plan.experiment import ARM_NAMES
+from orchestrator.plan.sweep import cell_name, cells, level_text
+
+if TYPE_CHECKING:
+    from orchestrator.store import StoreLike
+
+
+@dataclass(frozen=True)
+class SweepEffects:
+    """Every effect of a sweep plan, the arms' readable names and the blocks left out."""
+
+    effects: list[Effect]
+    arm_names: dict[str, str]  # letter -> readable name (A: the baseline)
+    left_out: dict[str, dict[int, str]] = field(default_factory=dict)  # class -> block -> why
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored with each bar's verdict (evidence ``sweep``) and printed by `orch verdict --json`."""
+        return {"arms": dict(self.arm_names), "effects": [e.to_dict() for e in self.effects],
+                "left_out": [{"class": c, "block": b, "why": w}
+                             for c, blocks in self.left_out.items() for b, w in sorted(blocks.items())]}
+
+
+def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> SweepEffects | None:
+    """The sweep's main effects (and, for a full factorial, its two-factor interactions) per
+    measured class; None for a plan without a sweep."""
+    sweep = plan.sweep
+    if sweep is None:
+        return None
+    design = dict(zip(ARM_NAMES, cells(sweep), strict=False))
+    names = {arm: cell_name(sweep, cell) for arm, cell in design.items()}
+    factors = {path: [level_text(x) for x in levels] for path, levels in sweep.factors.items()}
+    runs = valid_runs(store, experiment_id)
+    caps = store.capacities(experiment_id)
+    effects: list[Effect] = []
+    left_out: dict[str, dict[int, str]] = {}
+    for cls in plan.classes:
+        values: dict[int, dict[str, float]] = {}
+        why: dict[int, str] = {}
+        for b in range(plan.design.blocks):
+            row: dict[str, float] = {}
+            missing: list[str] = []
+            for arm in design:
+                run_id = runs.get((b, arm))
+                value = None if run_id is None else _point_capacity(caps, run_id, cls.name)
+                if value is None:
+                    missing.append(arm if run_id is None else f"{arm} (censored or unconverged)")
+                else:
+                    row[arm] = math.log(value)
+            if missing:
+                why[b] = "no point capacity of " + ", ".join(missing)
+            else:
+                values[b] = row
+        left_out[cls.name] = why
+        effects += sweep_effects(factors, design, values, cls.name, sweep.confidence,
+                                 interactions=sweep.design == "full")
+    return SweepEffects(effects, names, {c: w for c, w in left_out.items() if w})
+
+
+def _point_capacity(caps: Any, run_id: int, class_name: str) -> float | None:
+    """A run's capacity at a class when it is a point estimate (uncensored, converged, > 0)."""
+    rows = caps[(caps.run_id == run_id) & (caps.class_name == class_name)]
+    if not len(rows):
+        return None
+    r = rows.iloc[0]
+    censored = r.get("censored")
+    converged = r.get("converged")
+    value = float(r.capacity)
+    if (isinstance(censored, str) and censored) or (converged is not None and not bool(converged)) or not value > 0 or not math.isfinite(value):
+        return None
+    return value
