@@ -1,8 +1,9 @@
 """`orch demo` as a newcomer runs it (what `make demo` calls): the demo plan on embedded defaults
-(SQLite, this machine, simulated engines behind the real vllm-router), registration to stored
-verdict and report. Real time and real processes; it asserts what load cannot change (a verdict
-of the registered bar, with its rule, is stored and read back), not which verdict: the timing
-guards of a loaded machine may void and retry runs."""
+(SQLite, this machine, the simulated engine), registration to stored verdict and report. By
+default in virtual time (deterministic: the obvious win is accepted at the first look and the
+blocks after it are not run); `--live` on live simulated servers behind the real vllm-router in
+real time, where the test asserts what load cannot change (a verdict of the registered bar,
+with its rule, is stored and read back), not which verdict."""
 
 from __future__ import annotations
 
@@ -19,19 +20,38 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def test_orch_demo_runs_the_demo_plan_to_a_stored_verdict(tmp_path: Path) -> None:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
-           "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}", "ORCH_STATE_DIR": str(tmp_path / "state")}
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "demo", "--json"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=840)
-    assert r.returncode == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
+def _orch(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
+            "ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}", "ORCH_STATE_DIR": str(tmp_path / "state")}
+
+
+def _read_back(doc: dict, env: dict[str, str]) -> dict:
     assert doc["experiment"]["name"].startswith("demo-two-replicas")
-    (v,) = doc["verdicts"]
-    assert v["bar"] == "interactive-capacity" and v["verdict"] in ("ACCEPT", "REJECT", "INCONCLUSIVE")
-    assert v["estimand"] == "median block ratio" and v["sequential"]["planned"] == 4
     assert Path(doc["report"]).is_file()
-    read = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "verdict", doc["experiment"]["name"],
-                           "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    read = _orch("verdict", doc["experiment"]["name"], "--json", env=env, timeout=120)
     assert read.returncode == 0, read.stderr[-2000:]
+    (v,) = doc["verdicts"]
     assert json.loads(read.stdout)["verdicts"][0]["verdict"] == v["verdict"]
+    assert v["bar"] == "interactive-capacity" and v["estimand"] == "median block ratio"
+    return v
+
+
+def test_orch_demo_runs_in_virtual_time_and_stops_at_the_first_decisive_look(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    r = _orch("demo", "--json", env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    v = _read_back(json.loads(r.stdout), env)
+    assert v["verdict"] == "ACCEPT" and v["sequential"]["stopped"] and v["sequential"]["blocks"] == 2
+
+
+def test_orch_demo_live_runs_on_live_servers_to_a_stored_verdict(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    r = _orch("demo", "--live", "--json", env=env, timeout=840)
+    assert r.returncode == 0, r.stderr[-3000:]
+    v = _read_back(json.loads(r.stdout), env)
+    assert v["verdict"] in ("ACCEPT", "REJECT", "INCONCLUSIVE") and v["sequential"]["planned"] == 4

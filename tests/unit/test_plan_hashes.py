@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLAN_DIRS = ("examples", "tests/e2e/plans")
 
 REGISTERED: dict[str, str] = {
-    "examples/demo.yaml": "689509197c08805565c5279f9f9b0c68ed1f95e2605edefc4eb3e5dfbc544039",
+    "examples/demo.yaml": "a763118b4b73c4f7e22dd15171019328aa94f39bd4b08bdba4e110aa5d4be946",
     "examples/disagg-vs-colocated-h200.yaml": "6a5e9431033f2be92bac3b6beafdf80ff6779f7457568b0761ae4113c73a1765",
     "examples/external-ab.yaml": "f7d4d68c9f32d416e441da02172463fd36d5e447c17ac06db0eb75a537b146d9",
     "examples/fp8-kv-h100.yaml": "b3f289b4f71ebddd44aece75bf1a59dfdfcd8171a8034f6df7ba19d08771c4db",
