@@ -92,9 +92,11 @@ def registrations(store: Store) -> list[int]:
     return out
 
 
-def seed_history(store: Store, runs: int, points: int) -> list[int]:
+def seed_history(store: Store, runs: int, points: int) -> tuple[list[int], list[dict[str, object]]]:
     """Configurations, experiments (over eight registrations), runs (5% invalid), three
-    capacities per run, load points."""
+    capacities per run, load points. The runs are seeded running (no point or record may be
+    added to a finished run: migration 0011); ``finish_runs`` ends them, with the returned
+    end times, once the records are in."""
     rng = random.Random(1)
     regs = registrations(store)
     now = utcnow()
@@ -120,16 +122,17 @@ def seed_history(store: Store, runs: int, points: int) -> list[int]:
             dict(name=f"bench-{e}", registration_id=regs[e % len(regs)], status="done", created_at=now)
             for e in range(runs // per_exp)])
         exp_ids = s.scalars(sa.select(Experiment.id).order_by(Experiment.id)).all()
-        run_rows = []
+        run_rows, ends = [], []
         for i in range(runs):
             finished = now - timedelta(days=rng.random() * 365)
             run_rows.append(dict(
                 experiment_id=exp_ids[i // per_exp], config_id=rng.choice(config_ids), arm="AB"[i % 2],
-                block=(i % per_exp) // 2, position=i % 2, attempt=0, status="done",
-                valid=rng.random() > 0.05, started_at=finished - timedelta(minutes=20), finished_at=finished,
+                block=(i % per_exp) // 2, position=i % 2, attempt=0, status="running",
+                valid=rng.random() > 0.05, started_at=finished - timedelta(minutes=20),
                 engine_version=rng.choice(("v0.10.2", "v0.11.0")), gpu_type="H200",
                 fingerprint={"gpu_products": ["NVIDIA H200"]},
             ))
+            ends.append({"finished": finished})
         s.execute(sa.insert(Run), run_rows)
         run_ids = s.scalars(sa.select(Run.id).order_by(Run.id)).all()
         s.execute(sa.insert(Capacity), [
@@ -144,7 +147,14 @@ def seed_history(store: Store, runs: int, points: int) -> list[int]:
                  valid=True, created_at=now)
             for i in range(points)])
         point_ids = s.scalars(sa.select(LoadPoint.id).order_by(LoadPoint.id)).all()
-    return list(point_ids)
+    return list(point_ids), [{"run_id": r, **e} for r, e in zip(run_ids, ends, strict=True)]
+
+
+def finish_runs(store: Store, ends: list[dict[str, object]]) -> None:
+    """Every seeded run done at its end time (a running run may move forward to done)."""
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(Run).where(Run.id == sa.bindparam("run_id"))
+                     .values(status="done", finished_at=sa.bindparam("finished")), ends)
 
 
 def bench_copy(store: Store, point_ids: list[int], records: list[RequestRecord], total: int) -> float:
@@ -270,12 +280,9 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
     print(f"server settings: {settings}", flush=True)
     points = -(-args.requests // args.per_point) + 1
     t0 = time.perf_counter()
-    point_ids = seed_history(store, args.runs, points)
+    point_ids, ends = seed_history(store, args.runs, points)
     print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities, {points:,} points "
           f"in {time.perf_counter() - t0:.1f} s", flush=True)
-    t0 = time.perf_counter()  # seeded with bulk inserts, so the derived keys and summaries are rebuilt
-    groups = store.rebuild_capacity_summaries()
-    print(f"rebuilt {groups} capacity summaries in {time.perf_counter() - t0:.1f} s", flush=True)
     records = point_records(args.per_point, seed=2)
     single = min(args.single, args.requests)
     copy_rate = bench_copy(store, point_ids[1:], records, single)
@@ -284,6 +291,10 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
                                         args.writers) if args.requests > single else 0.0
     orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
                                     else point_records(args.orm_rows, seed=3))
+    t0 = time.perf_counter()  # the records are in: the runs finish, and the derived keys and summaries are rebuilt
+    finish_runs(store, ends)
+    groups = store.rebuild_capacity_summaries()
+    print(f"finished the runs and rebuilt {groups} capacity summaries in {time.perf_counter() - t0:.1f} s", flush=True)
     with store.engine.connect() as conn:
         n_req = conn.execute(sa.text("select count(*) from requests")).scalar_one()
         n_runs = conn.execute(sa.text("select count(*) from runs")).scalar_one()
