@@ -43,7 +43,8 @@ HISTORY_COLUMNS = (
     Column("class", 0, fold=True, min_width=11), Column("limits ttft/tpot", 4), Column("model", 2, fold=True),
     Column("configuration", 0, fold=True, min_width=16), Column("workload", 1, fold=True, min_width=11),
     Column("source", 1, fold=True, min_width=9), Column("runs", 0, "right", fold=True, min_width=4),
-    Column("median tok/s", 0, "right", fold=True, min_width=6), Column("p25-p75", 3, "right"),
+    Column("median tok/s", 0, "right", fold=True, min_width=6), Column("median interval", 2, "right"),
+    Column("p25-p75", 3, "right"),
     Column("spread", 5, "right"), Column("last measured", 3))
 PARETO_COLUMNS = (
     Column("#", 0), Column("model", 2, fold=True), Column("workload", 1, fold=True, min_width=12),
@@ -289,7 +290,12 @@ def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
     to the terminal (``tables.print_table``)."""
     import pandas as pd
 
-    from orchestrator.report.capacity_history import median_cell, quartiles_cell, runs_text
+    from orchestrator.report.capacity_history import (
+        interval_cell,
+        median_text,
+        quartiles_cell,
+        runs_text,
+    )
 
     rows: list[list[str] | None] = []
     previous = None
@@ -302,8 +308,9 @@ def _print_table(frame: pd.DataFrame, wide: bool = False) -> None:
         wl = f"{r.workload} [{r.workload_sha256[:8]}]" if r.workload_sha256 else "unknown"
         source = ("SIMULATED" if r.simulated else "measured") + (f" ({r.backend})" if r.backend else "")
         row = r._asdict()
-        rows.append([cls, _limits(r), r.model, r.label, wl, source, runs_text(row), median_cell(row),
-                     quartiles_cell(row), spread, pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
+        rows.append([cls, _limits(r), r.model, r.label, wl, source, runs_text(row), median_text(row),
+                     interval_cell(row), quartiles_cell(row), spread,
+                     pd.Timestamp(r.last_measured).strftime("%Y-%m-%d")])
     print_table("capacity by configuration and workload (valid runs; goodput tok/s at >= 90% attainment; "
                 "simulated and measured never pooled; median of every run, censored ones too, with its "
                 "interval; quartiles of the points)", HISTORY_COLUMNS, rows, wide=wide, console=_console())

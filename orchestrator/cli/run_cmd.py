@@ -140,13 +140,10 @@ def run(
 
 
 @app.command("demo")
-def demo(
-    live: bool = typer.Option(False, "--live", help="Run on live simulated servers behind the real vllm-router "
-                              "(minutes) instead of in virtual time (seconds)."),
-    as_json: bool = JSON_OPTION,
-) -> None:
+def demo(as_json: bool = JSON_OPTION) -> None:
     """The demo plan (examples/demo.yaml), end to end on embedded defaults (SQLite, this
-    machine, the simulated engine): in virtual time, or with --live on live servers."""
+    machine, the simulated engine) in virtual time; `orch run examples/demo.yaml` runs it on
+    live simulated servers behind the real vllm-router."""
     from orchestrator.control.session import run_plan
     from orchestrator.store import Store
 
@@ -159,7 +156,7 @@ def demo(
     # The demo shows the pipeline end to end: a low predicted power is said, never asked about.
     _check_power(plan, yes=False, allow_low_power=True)
     with Store.open() as store:
-        out = run_plan(plan, store, backend=None if live else "virtual", new=True)
+        out = run_plan(plan, store, backend="virtual", new=True)
         doc = _outcome_doc(store, out, plan.workload.rate_unit)
         say_url = store.engine.url.render_as_string(hide_password=True)
         report = write_report(store, out.experiment_id, state_dir() / "reports" / out.experiment_name)

@@ -157,10 +157,12 @@ def median_text(row: Mapping[str, Any]) -> str:
     return describe_median(float(row["median"]), censored if isinstance(censored, str) else None)
 
 
-def median_cell(row: Mapping[str, Any]) -> str:
-    """The median and its interval: ``224 (149-inf)``."""
+def interval_cell(row: Mapping[str, Any]) -> str:
+    """The median's interval alone: ``149-inf`` (``-`` for a row without it)."""
+    if "median_high" not in row:
+        return "-"
     hi = float(row["median_high"])
-    return f"{median_text(row)} ({float(row['median_low']):,.0f}-{f'{hi:,.0f}' if np.isfinite(hi) else 'inf'})"
+    return f"{float(row['median_low']):,.0f}-{f'{hi:,.0f}' if np.isfinite(hi) else 'inf'}"
 
 
 def quartiles_cell(row: Mapping[str, Any]) -> str:

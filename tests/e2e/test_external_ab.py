@@ -164,15 +164,16 @@ def test_external_ab_between_two_sim_servers_runs_to_a_verdict(tmp_path: Path, t
     # every run valid and no back-to-back result stored: left open in the closing note.)
     assert not complete or counted == {0, 1}, (complete, valid_blocks, b2b)
 
-    # History finds each stack by its labels (its converged, uncensored capacities of valid runs:
-    # a search that ran out of points is a bound, not a point in a history median).
+    # History finds each stack by its labels: every valid run counts (issue 32), its converged,
+    # uncensored capacities as points and the others (a search that ran out of points) as bounds.
+    every = caps[caps.valid.fillna(False).astype(bool) & (caps.status == "done")].groupby("arm").size().to_dict()
     for arm, gpu, stack in (("B", "H200", "candidate"), ("A", "H100-PCIe", "today")):
         cap = orch("capacity", "--model", "qwen3-8b", "--gpu", gpu, "--layout", "colocated", "--json", env=env)
         assert cap.returncode == 0, cap.stderr
         rows = json.loads(cap.stdout)["rows"]
-        if not per_arm.get(arm):
+        if not every.get(arm):
             assert rows == [], rows
             continue
         (row,) = rows
         assert "external" in row["label"] and f"stack={stack}" in row["label"], row
-        assert row["runs"] == per_arm[arm], (row, per_arm)
+        assert row["runs"] == every[arm] and row["n_points"] == per_arm.get(arm, 0), (row, every, per_arm)

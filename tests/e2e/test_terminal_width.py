@@ -104,7 +104,7 @@ def test_capacity_fits_80_columns_and_shows_every_kept_value(history: str) -> No
     for header in ("class", "configuration", "workload", "source", "runs"):
         assert header in screen, screen
     flat = " ".join(screen.split())
-    assert "not shown at 80 columns: limits ttft/tpot, model, p25-p75, spread, last measured" in flat, screen
+    assert "not shown at 80 columns: limits ttft/tpot, model, median interval, p25-p75, spread, last measured" in flat, screen
     assert "--wide shows every column" in flat
 
 

@@ -33,7 +33,7 @@ def test_three_arms_run_in_a_williams_order_and_holm_covers_every_bar(tmp_path, 
         code, out, err = orch_here(*args, env=env, monkeypatch=monkeypatch, capsys=capsys)
         return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
-    r = orch("run", str(PLAN), "--backend", "virtual", "--json", env=env)
+    r = orch("run", str(PLAN), "--backend", "virtual", "--allow-low-power", "--json", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     runs = doc["runs"]

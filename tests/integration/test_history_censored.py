@@ -123,8 +123,8 @@ def test_capacity_json_counts_every_valid_run_with_the_estimator(orch: Orch) -> 
 
 def test_capacity_table_shows_the_counts_and_a_censored_median(orch: Orch) -> None:
     out = orch("capacity", "--class", "interactive")
-    for cell in ("6 = 3 points + 3 censored >= 256", "224 (149-inf)", "2 = 2 censored >= 1,323", ">= 1,365 (1,323-inf)",
-                 "4 = 2 points + 1 censored <= 50 + 1 unconverged", "280 (0-320)", "160-176"):
+    for cell in ("6 = 3 points + 3 censored >= 256", " 224 ", "149-inf", "2 = 2 censored >= 1,323", ">= 1,365",
+                 "1,323-inf", "4 = 2 points + 1 censored <= 50 + 1 unconverged", " 280 ", "0-320", "160-176"):
         assert cell in out, (cell, out)
     assert "9,000,000" not in out  # the invalid run's capacity never counts
     # the "no valid runs match these filters" for a group of censored runs only

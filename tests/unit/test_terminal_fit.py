@@ -147,7 +147,7 @@ def test_the_capacity_history_keeps_its_key_columns_at_80_with_longer_values() -
 
     row = ["interactive", "300/10 ms", "qwen3-8b", "H200 1P(TP1)+1D(TP1) kv=auto seqs=64 round_robin v0.32.0",
            "in 3000±900 / out 64 / prefix 0.2 / poisson [4eb7a79d]", "measured (local)",
-           "5 = 3 points + 2 censored", ">= 256", "250-270", "3.0%", "2026-12-06"]
+           "5 = 3 points + 2 censored", ">= 256", "256-inf", "250-270", "3.0%", "2026-12-06"]
     fit = fit_columns(HISTORY_COLUMNS, [row], 80)
     assert [HISTORY_COLUMNS[i].header for i in fit.shown] == [
         "class", "configuration", "workload", "source", "runs", "median tok/s"]
