@@ -27,7 +27,7 @@ REGISTERED: dict[str, str] = {
     "examples/open-vs-closed.yaml": "3881d0aadbdf702a15bd2a9aca29e58ba823a691167e837d290e3919e6174783",
     "examples/quickstart.yaml": "f83a1591c193d0f33249600bb8b412feefe9019c2aae48ec9b074f97ee0057e9",
     "examples/router-cache-aware.yaml": "0e07b3a95c73575fa4eeb9ca4aa4794f631211852d94f7ce0f4191fb5e289738",
-    "examples/sweep.yaml": "ab21f4b29da84236beba0dd3a6ace1df2326e869d784643389be62c0511c03e3",
+    "examples/sweep.yaml": "7a9434bb36d0e97c7aa7a4f906bf91f08e036b4eaf49a2fe1eb9b3b8bb1caeff",
     "examples/three-arms.yaml": "3bec982e255b972bb38214898a62d2adfe8d2ff1009006742642274a5f1dade4",
     "examples/vllm-vs-sglang.yaml": "45237120e39fde34cfc6e26d033ed79718cc37b80b5e5570f08cb0d3f84545e0",
     "tests/e2e/plans/k8s-quickstart.yaml": "2ab15a2ce80495b4b03d648b74adafd1e673d5eb66c6b55ae943d99074f87ff1",
