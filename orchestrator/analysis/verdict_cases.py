@@ -46,9 +46,6 @@ class Coverage:
     upper: float
     sims: int
 
-    def se(self, p: float) -> float:
-        return math.sqrt(max(p * (1 - p), 1e-12) / self.sims)
-
 
 def _ends(r: np.ndarray, confidence: float, method: Method, resolution: float) -> tuple[np.ndarray, np.ndarray]:
     """Each row's one-sided bounds (ln units), as ``judge`` computes them for points."""

@@ -108,6 +108,16 @@ class Design(StrictModel):
         default=None, description="Stop at the first look at which every bar is decided (off: a fixed design)."
     )
 
+    @model_validator(mode="after")
+    def _looks_fit(self) -> Design:
+        if self.sequential is not None and self.blocks < 2:
+            raise CrossFieldError([("sequential", f"a sequential design looks at 2 or more blocks; design.blocks is "
+                                                  f"{self.blocks}")])
+        if self.sequential is not None and self.sequential.min_blocks > self.blocks:
+            raise CrossFieldError([("sequential.min_blocks", f"the first look ({self.sequential.min_blocks} blocks) "
+                                                             f"comes after the last block ({self.blocks})")])
+        return self
+
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
         # Added after plans were registered (a plan that sets them hashes apart).

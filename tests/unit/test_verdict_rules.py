@@ -202,3 +202,31 @@ def test_a_verdict_stored_by_the_robust_rule_is_rechecked_by_it() -> None:
         r.finished_at = None
     (check,) = recheck_verdicts(store, 1, plan)
     assert not check.differs and check.judged.judgement.method == ROBUST
+
+
+# --- the plan language of the rules -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("design", "problem"), [
+    ({"blocks": 1, "sequential": {"min_blocks": 2}}, "a sequential design looks at 2 or more blocks"),
+    ({"blocks": 4, "sequential": {"min_blocks": 6}}, "the first look (6 blocks) comes after the last block (4)"),
+    ({"blocks": 4, "sequential": {"spending": "fast"}}, "obrien_fleming"),
+    ({"blocks": 4, "carryover": {"action": "drop"}}, "'void' or 'warn'"),
+    ({"blocks": 4, "carryover": {"bound": -0.1}}, "greater than or equal to 0"),
+])
+def test_a_wrong_rule_is_refused_with_its_field_path(tmp_path, design: dict, problem: str) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.unit.test_plan_hashes import ROOT
+
+    data = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
+    data["design"] = {**design, "order": "ABBA", "seed": 7}
+    f = tmp_path / "plan.yaml"
+    f.write_text(yaml.safe_dump(data))
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli.main", "plan", "validate", str(f)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "design." in r.stderr and problem in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
