@@ -437,8 +437,9 @@ class Executor:
         caps: dict[str, float] = {}
         ceiling = self._ceiling(plan)
         if ceiling is not None and ceiling <= s.rate.min:
-            raise RunInvalid(f"the generator's calibrated ceiling {ceiling:.3g} req/s (over {self._shards(plan)} "
-                             f"process(es)) is at or below search.rate.min {s.rate.min:.3g} req/s: no load point "
+            unit = plan.workload.rate_unit
+            raise RunInvalid(f"the generator's calibrated ceiling {ceiling:.3g} {unit} (over {self._shards(plan)} "
+                             f"process(es)) is at or below search.rate.min {s.rate.min:.3g} {unit}: no load point "
                              "can be measured; allow more Ray shards or lower search.rate.min")
         for cls in plan.classes:
             prior = self.config.priors.get(arm, {}).get(cls.name) if s.use_prior else None
@@ -462,8 +463,9 @@ class Executor:
         now: the ceiling is measured at run time) voids the run."""
         ceiling = self._ceiling(plan)
         if rate is not None and cls is None and ceiling is not None and rate > ceiling:
-            raise RunInvalid(f"bar rate {rate:.3g} req/s is above the generator's calibrated ceiling "
-                             f"{ceiling:.3g} req/s over {self._shards(plan)} process(es): allow more Ray "
+            unit = plan.workload.rate_unit
+            raise RunInvalid(f"bar rate {rate:.3g} {unit} is above the generator's calibrated ceiling "
+                             f"{ceiling:.3g} {unit} over {self._shards(plan)} process(es): allow more Ray "
                              "shards or a bar rate at or below it")
         self._ensure_owner()
         label = runner.kind.label(plan, rate)
@@ -496,10 +498,14 @@ class Executor:
         return max(1, self.config.max_shards) if load_kind(plan.workload).shardable else 1
 
     def _ceiling(self, plan: Plan) -> float | None:
-        """The highest rate the generator holds: one process's calibrated ceiling times the Ray
-        shards a point may use (None: not calibrated)."""
+        """The highest rate the generator holds, in the plan's rate unit: one process's
+        calibrated ceiling (requests/s) times the Ray shards a point may use, over the requests
+        one unit brings (a session/s brings its turns' requests/s); None: not calibrated."""
         one = self.config.generator_ceiling
-        return None if one is None else one * self._shards(plan)
+        if one is None:
+            return None
+        kind = load_kind(plan.workload)
+        return one * self._shards(plan) / max(1.0, kind.requests_per_unit(plan.workload))
 
     def _check_server(self, dep: Deployment, p: PointOutcome) -> None:
         if not self.backend.alive(dep):

@@ -27,6 +27,11 @@ def test_the_search_ceiling_is_one_process_times_the_shards(tmp_path: Path) -> N
     assert ex._ceiling(plan) == 4.5
     sessions = small_plan(workload={**plan.workload.model_dump(), "sessions": {"think": {"mean_s": 1}}})
     assert isinstance(sessions.workload, Workload) and ex._ceiling(sessions) == 1.5  # sessions: one process
+    # A session brings its turns: 4 turns a session hold 1.5 req/s at 0.375 sessions/s, the
+    # ceiling in the plan's unit (it compared sessions/s with req/s before).
+    doc = sessions.workload.model_dump()
+    four = small_plan(workload={**doc, "prompts": {**doc["prompts"], "turns": 4}})
+    assert four.workload.rate_unit == "sessions/s" and ex._ceiling(four) == pytest.approx(0.375)
     assert Executor(None, None, ExecutorConfig(state_dir=tmp_path))._ceiling(plan) is None  # type: ignore[arg-type]
 
 
