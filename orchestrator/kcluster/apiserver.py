@@ -7,7 +7,7 @@ What it does as a real server does:
   with resourceVersion conflicts), the ``status`` subresource;
 - GET one (404 with the real message, e.g. ``persistentvolumeclaims "x" not found``), LIST with
   label selectors (``=``, ``!=``, ``in``, ``notin``, exists) and field selectors, and WATCH
-  (``?watch=true``) from a resourceVersion, with label-selector transitions (an object that
+  (``?watch=true``, watches.py) from a resourceVersion, with label-selector transitions (an object that
   stops matching is sent as DELETED), ``timeoutSeconds``, 410 Expired for a too-old version;
   a streaming list (``sendInitialEvents=true``, client-go's WatchListClient, on in kubectl 1.37)
   as the release's WatchList gate has it: 1.31 (the default) refuses it with the real 422, and
@@ -31,14 +31,13 @@ Everything runs on the server's event loop; other threads go through ``EmulatedC
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import copy
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -80,26 +79,7 @@ from orchestrator.kcluster.rbac import (
     unauthorized,
 )
 from orchestrator.kcluster.selectors import parse_field_selector, parse_label_selector
-
-
-@dataclass
-class Watcher:
-    queue: asyncio.Queue[Obj | None]
-    plural: str
-    namespace: str | None
-    accept: Callable[[Obj], bool]
-
-
-@dataclass
-class Store:
-    """Objects by (plural, namespace, name), a resourceVersion counter and the event log."""
-
-    objects: dict[Key, Obj] = field(default_factory=dict)
-    rv: int = 0
-    log: collections.deque[tuple[int, str, str, Obj, Obj | None]] = field(
-        default_factory=lambda: collections.deque(maxlen=20000))
-    watchers: list[Watcher] = field(default_factory=list)
-
+from orchestrator.kcluster.watches import Store, serve_watch
 
 MAX_EVENTS = 1000  # per namespace
 
@@ -380,7 +360,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if route.name is None:
             if method == "GET":
                 if params.get("watch") in ("true", "1"):
-                    return await self._watch(request, route, params)
+                    return await serve_watch(self.store, self.version, request, route, params)
                 doc = self._list_doc(route, params)
                 if tables.wants_table(request.headers.get("Accept")):  # kubectl get: server-side printing
                     doc = tables.table(res.plural, doc["items"], doc["metadata"]["resourceVersion"])
@@ -402,7 +382,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if method == "GET":
             if params.get("watch") in ("true", "1"):
                 params["fieldSelector"] = f"metadata.name={route.name}"
-                return await self._watch(request, route, params)
+                return await serve_watch(self.store, self.version, request, route, params)
             if obj is None:
                 raise not_found(res, route.name or "")
             if route.sub is None and tables.wants_table(request.headers.get("Accept")):
@@ -464,83 +444,6 @@ class ApiServer(kmock.KubernetesEmulator):
         items.sort(key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
         return {"apiVersion": route.res.api_version, "kind": f"{route.res.kind}List",
                 "metadata": {"resourceVersion": str(self.store.rv)}, "items": items}
-
-    async def _watch(self, request: kmock.Request, route: Route, params: dict[str, str]) -> aiohttp.web.StreamResponse:
-        try:
-            lab = parse_label_selector(params.get("labelSelector") or "")
-            fld = parse_field_selector(params.get("fieldSelector") or "")
-        except ValueError as e:
-            raise ApiError(400, "BadRequest", f"unable to parse requirement: {e}") from e
-
-        def accept(o: Obj) -> bool:
-            return lab((o.get("metadata") or {}).get("labels") or {}) and fld(o)
-
-        queue: asyncio.Queue[Obj | None] = asyncio.Queue()
-        w = Watcher(queue, route.res.plural, route.namespace, accept)
-        rv_param = params.get("resourceVersion") or ""
-        initial: list[Obj] = []
-        streaming = watch_list_request(params, parse_version(self.version)[1])
-        if streaming:  # the current state as ADDED events, then the bookmark that ends it
-            initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
-                       for (p, ns, _), o in sorted(self.store.objects.items(), key=lambda kv: kv[0])
-                       if p == w.plural and (w.namespace is None or ns == w.namespace) and accept(o)]
-            initial.append({"type": "BOOKMARK", "object": {
-                "kind": route.res.kind, "apiVersion": route.res.api_version,
-                "metadata": {"resourceVersion": str(self.store.rv),
-                             "annotations": {"k8s.io/initial-events-end": "true"}}}})
-        elif rv_param in ("", "0"):
-            initial = [{"type": "ADDED", "object": copy.deepcopy(o)}
-                       for (p, ns, _), o in self.store.objects.items()
-                       if p == w.plural and (w.namespace is None or ns == w.namespace) and accept(o)]
-        else:
-            try:
-                since = int(rv_param)
-            except ValueError:
-                since = -1
-            oldest = self.store.log[0][0] if self.store.log else self.store.rv + 1
-            if since < oldest - 1 and since < self.store.rv:
-                initial = [{"type": "ERROR", "object": ApiError(
-                    410, "Expired", f"too old resource version: {rv_param} ({oldest - 1})").status()}]
-            else:
-                for rv, plural, etype, obj, old in self.store.log:
-                    if rv <= since or plural != w.plural:
-                        continue
-                    if w.namespace is not None and (obj.get("metadata") or {}).get("namespace") != w.namespace:
-                        continue
-                    ev = watch_event(etype, obj, old, accept)
-                    if ev is not None:
-                        initial.append(ev)
-        self.store.watchers.append(w)
-        raw = request._raw_request
-        assert raw is not None  # kmock keeps the aiohttp request of every HTTP call
-        resp = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        resp.enable_chunked_encoding()
-        timeout = float(params.get("timeoutSeconds") or 1800)
-        deadline = asyncio.get_running_loop().time() + timeout
-        try:
-            await resp.prepare(raw)
-            for ev in initial:
-                await resp.write(json.dumps(ev).encode() + b"\n")
-            if initial and initial[-1]["type"] == "ERROR":
-                return resp
-            while True:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    break
-                try:
-                    ev = await asyncio.wait_for(queue.get(), timeout=left)
-                except TimeoutError:
-                    break
-                if ev is None:
-                    break
-                await resp.write(json.dumps(ev).encode() + b"\n")
-            await resp.write_eof()
-        except (ConnectionError, aiohttp.ClientConnectionError, RuntimeError):
-            pass
-        finally:
-            if w in self.store.watchers:
-                self.store.watchers.remove(w)
-        return resp
 
     def close_watches(self) -> None:
         for w in list(self.store.watchers):
@@ -623,42 +526,3 @@ class ApiServer(kmock.KubernetesEmulator):
         if self.http is not None:
             await self.http.close()
             self.http = None
-
-
-# The WatchList feature gate (KEP-3157, streaming lists) of kube-apiserver: alpha (off) until 1.31,
-# beta and on in 1.32, off again in 1.33, on from 1.34.
-def watch_list_enabled(minor: int) -> bool:
-    return minor == 32 or minor >= 34
-
-
-def watch_list_request(params: dict[str, str], minor: int) -> bool:
-    """Whether a watch asks for a streaming list (``sendInitialEvents=true``) that this release
-    serves; ApiError 422 with the real ListOptions validation when it does not (client-go's
-    reflector, e.g. behind ``kubectl delete`` and ``kubectl wait``, then falls back to LIST and
-    WATCH, as against a real server without the feature)."""
-    send = params.get("sendInitialEvents")
-    match = params.get("resourceVersionMatch") or ""
-    enabled = watch_list_enabled(minor)
-    causes: list[tuple[str, str, str]] = []  # (field, reason, message)
-    if send is not None:
-        if match != "NotOlderThan":
-            causes.append(("resourceVersionMatch", "FieldValueForbidden",
-                           "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
-        if not enabled:
-            causes.append(("sendInitialEvents", "FieldValueForbidden", "Forbidden: sendInitialEvents is "
-                           "forbidden for watch unless the WatchList feature gate is enabled"))
-    if match:
-        if send is None:
-            causes.append(("resourceVersionMatch", "FieldValueForbidden",
-                           "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"))
-        if match != "NotOlderThan":
-            causes.append(("resourceVersionMatch", "FieldValueNotSupported",
-                           f'Unsupported value: "{match}": supported values: "NotOlderThan"'))
-    if causes:
-        text = ", ".join(f"{f}: {m}" for f, _, m in causes)
-        if len(causes) > 1:
-            text = f"[{text}]"
-        raise ApiError(422, "Invalid", f'ListOptions.meta.k8s.io "" is invalid: {text}', {
-            "group": "meta.k8s.io", "kind": "ListOptions",
-            "causes": [{"reason": r, "message": m, "field": f} for f, r, m in causes]})
-    return send in ("true", "1")
