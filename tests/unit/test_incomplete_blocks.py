@@ -20,7 +20,13 @@ from orchestrator.control.effects import experiment_effects
 from orchestrator.control.verdicts import judge_experiment
 from orchestrator.errors import PlanError
 from orchestrator.plan import load_plan_file, plan_hash, plan_warnings, validate_plan
-from orchestrator.plan.incomplete import balance_unit, block_arms, blocks_problem, runs_per_arm, shared_blocks
+from orchestrator.plan.incomplete import (
+    balance_unit,
+    block_arms,
+    blocks_problem,
+    runs_per_arm,
+    shared_blocks,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "examples" / "sweep.yaml"
