@@ -224,3 +224,13 @@ def test_effects_of_incomplete_blocks_cancel_the_block_effect_and_keep_what_each
         1: "no point capacity of A: no arm of it measured against A"}}
     # A complete sweep stores what it always has (no design, no method).
     assert "design" not in experiment_effects(_Store(_caps(load_plan_file(SWEEP))), 1, load_plan_file(SWEEP)).to_dict()
+
+
+def test_a_sequential_incomplete_design_looks_after_whole_units_of_the_blocks_run() -> None:
+    data = incomplete(blocks=20, sequential={"min_blocks": 4})
+    data["bars"] = [{**data["bars"][0], "compare": "F/A"}]
+    plan = validate_plan(data)
+    run = {k: v for k, v in _caps(plan).items() if k[0] < 7}  # 7 blocks run: one whole unit and a part
+    (o,) = judge_experiment(_Store(run), 1, plan)
+    assert o.look is not None and (o.look.looks, o.look.planned) == (4, 20)  # at 5, 10, 15 and 20 blocks
+    assert o.look.blocks == 5 and o.blocks == [2, 4]  # the first look: F and A share blocks 2 and 4 of it
