@@ -32,7 +32,7 @@ def validate(
             problems.extend(lines)
             results.append({"file": str(f), "valid": False, "problems": list(e.problems)})
             continue
-        warnings = plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms))
+        warnings = plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms), plan.per_block)
         names = {} if plan.sweep is None else arm_names(plan.sweep, ARM_NAMES)
         swept = {} if plan.sweep is None else {"sweep": {"design": describe(plan.sweep), "arms": names}}
         results.append(

@@ -172,7 +172,10 @@ def demo(as_json: bool = JSON_OPTION) -> None:
 
 def sweep_lines(sweep: dict) -> list[str]:
     """A sweep's arms by readable name, then each effect on one line with its interval."""
-    lines = ["sweep arms: " + ", ".join(f"{k} {n}" for k, n in sweep["arms"].items()), "effects (capacity ratios):"]
+    lines = ["sweep arms: " + ", ".join(f"{k} {n}" for k, n in sweep["arms"].items())]
+    if sweep.get("design"):  # incomplete blocks: the design, and how its effects are estimated
+        lines.append(f"sweep design: {sweep['design']}; effects by {sweep.get('method', 'intrablock least squares')}")
+    lines.append("effects (capacity ratios):")
     for e in sweep["effects"]:
         what = "main effect" if e["kind"] == "main" else "interaction"
         interval = ("no interval (fewer than 2 blocks)" if e["lower"] is None or e["upper"] is None
@@ -350,7 +353,7 @@ def status(
                 "reason": _failed_reason(e.status, runs),
                 "created_at": e.created_at.isoformat(),
                 "runs_valid": sum(1 for r in runs if r.valid),
-                "runs_planned": len(plan.arms) * plan.design.blocks,
+                "runs_planned": plan.planned_runs,
                 "runs": [{"id": r.id, "block": r.block, "arm": r.arm, "attempt": r.attempt,
                           "status": r.status, "valid": r.valid, "reason": r.invalid_reason} for r in runs],
             })

@@ -173,7 +173,9 @@ def simulate(
             + (f"; {b.blocks_for_power} blocks for 80% power" if b.blocks_for_power else ""))
     if result.sweep is not None:
         sw = result.sweep
-        say(f"sweep: {sw.design} x {sw.blocks} blocks: {sw.gpu_hours:.2f} GPU-hours before it runs ("
+        size = (f" x {sw.blocks} blocks" if sw.per_block is None  # incomplete: fewer runs than arms x blocks
+                else f"; {sw.blocks} blocks, {sum(sw.runs.values())} runs")
+        say(f"sweep: {sw.design}{size}: {sw.gpu_hours:.2f} GPU-hours before it runs ("
             + ", ".join(f"{k} {n}" for k, n in sw.arms.items()) + ")")
     say(f"GPU-hours: {result.gpu_hours:.2f} ("
         + ", ".join(f"{k} {v:.2f}" for k, v in result.gpu_hours_per_arm.items())

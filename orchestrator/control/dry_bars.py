@@ -3,6 +3,9 @@ capacity curves of each arm, and each bar's verdict and power from its own pair 
 
 A plan of N arms runs every arm in every block; a dry-run block draws one efficiency per arm,
 so a bar C/A and a bar B/A of one block share A's draw, as they share A's run in a real block.
+A sweep's incomplete blocks run some arms only: a bar's ratios come from the blocks that run
+both of its arms, and the blocks it needs for power are the plan's (every block holding the pair
+or not), in whole balance units.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from orchestrator.analysis.blocks import block_log_ratio as _log_ratio
 from orchestrator.analysis.power import blocks_needed
 from orchestrator.analysis.sequential import judge_looks, look_blocks
 from orchestrator.analysis.stats import MEDIAN, BarEvidence, Judgement, judge_bars
-from orchestrator.analysis.williams import rows_for
+from orchestrator.control.design import look_step
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Bar, Plan
+from orchestrator.plan.incomplete import balance_unit
 
 # A dry run's power is also reported as the blocks needed for this power.
 TARGET_POWER = 0.8
@@ -108,30 +112,33 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
     blocks = plan.design.blocks
     names = list(arms)  # the plan's arm order: column k of a draw is arm names[k]
     col = {n: k for k, n in enumerate(names)}
+    held = plan.block_arms()
+    shared = [[k for k in range(blocks) if set(bar.pair) <= set(held[k])] for bar in plan.bars]
 
-    def design_ratios(rng: np.random.Generator) -> list[list[float | BlockRatio]]:
+    def design_ratios(rng: np.random.Generator) -> list[list[tuple[int, float | BlockRatio]]]:
         # Two arms draw (blocks, 2) as they always have: a 2-arm plan's prediction is unchanged.
         eff = np.exp(rng.normal(0.0, sigma, size=(blocks, len(names))))
         out = []
-        for bar in plan.bars:
+        for bar, ks in zip(plan.bars, shared, strict=True):
             num, den = bar.pair
-            out.append([_log_ratio(_value(arms[num], bar, eff[k, col[num]]), _value(arms[den], bar, eff[k, col[den]]), k)
-                        for k in range(blocks)])
+            out.append([(k, _log_ratio(_value(arms[num], bar, eff[k, col[num]]),
+                                       _value(arms[den], bar, eff[k, col[den]]), k)) for k in ks])
         return out
 
     resolution = [math.log1p(plan.search.precision) if bar.metric == "capacity" else 0.0 for bar in plan.bars]
     seq = plan.design.sequential
 
-    def verdicts(ratios: list[list[float | BlockRatio]]) -> tuple[list[Judgement], int]:
+    def verdicts(ratios: list[list[tuple[int, float | BlockRatio]]]) -> tuple[list[Judgement], int]:
         """The bars' verdicts by the rule `orch run` applies (a sequential plan's looks
         included), and the blocks it ran."""
         def evidence(n: int) -> list[BarEvidence]:
-            return [BarEvidence(r[:n], bar.threshold, bar.confidence, bar.direction, bar.compare, rho)
+            return [BarEvidence([x for k, x in r if k < n], bar.threshold, bar.confidence, bar.direction,
+                                bar.compare, rho)
                     for r, bar, rho in zip(ratios, plan.bars, resolution, strict=True)]
 
         if seq is None:
             return judge_bars(evidence(blocks)), blocks
-        looks = look_blocks(blocks, seq.min_blocks, rows_for(len(names)))
+        looks = look_blocks(blocks, seq.min_blocks, look_step(plan))
         alpha = 1.0 - min(bar.confidence for bar in plan.bars)
         judged, look = judge_looks(evidence, looks, blocks, blocks, seq.spending, alpha, method=MEDIAN)
         return judged, look.blocks
@@ -162,12 +169,15 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
                 raise ValueError("no spread between blocks in the model: power is 0 or 1")
             n_needed = blocks_needed(spread, ratio, bar.threshold, bar.confidence, TARGET_POWER, bar.direction,
                                      resolution=resolution[i])
+            if plan.per_block is not None and n_needed is not None:  # pair blocks -> the plan's blocks
+                unit = balance_unit(len(names), plan.per_block)
+                n_needed = unit * math.ceil(n_needed * blocks / max(len(shared[i]), 1) / unit)
         except ValueError as e:
             note = str(e)
         out.append(BarPrediction(
             id=bar.id, service_class=bar.service_class, metric=bar.metric, direction=bar.direction,
             threshold=bar.threshold, confidence=bar.confidence, noise_free_ratio=ratio,
-            judgement=predicted[i], block_ratios=tuple(_ratio(x) for x in predicted_ratios[i]),
+            judgement=predicted[i], block_ratios=tuple(_ratio(x) for _, x in predicted_ratios[i]),
             power=float(accepts[i] / replications), blocks_for_power=n_needed, blocks_note=note,
             compare=bar.compare, mean_blocks=used / replications,
         ))

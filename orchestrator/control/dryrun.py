@@ -16,7 +16,8 @@ efficiency jitter (and the search's own discreteness, through the grid); not mod
 sampling differing between blocks (the real run's points are longer and average it out).
 
 GPU-hours: GPUs of each arm x (deploy and readiness + every point's warm-up, window,
-cool-down and drain) for each block.
+cool-down and drain) for each block that runs it (every block, unless a sweep's blocks are
+incomplete).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.paths import cache_root, data_root
 from orchestrator.plan import Plan, plan_hash
 from orchestrator.plan.experiment import ARM_NAMES
+from orchestrator.plan.incomplete import runs_per_arm
 from orchestrator.plan.sweep import arm_names, describe
 from orchestrator.sim.engine import Windows, cluster_for_arm
 from orchestrator.sim.model import DeviceProfile
@@ -224,7 +226,8 @@ def _rate_of(res: CapacityResult, plan: Plan) -> float:
 @dataclass(frozen=True)
 class SweepPrice:
     """What a sweep costs before it runs: its design in words, its arms by readable name, and
-    GPU-hours = sum over arms of GPUs x blocks x (deploy + points x a point's seconds)."""
+    GPU-hours = sum over arms of GPUs x the blocks that run it x (deploy + points x a point's
+    seconds)."""
 
     design: str
     arms: dict[str, str]
@@ -232,6 +235,8 @@ class SweepPrice:
     points_per_run: dict[str, int]
     gpus: dict[str, int]
     gpu_hours: float
+    runs: dict[str, int] = field(default_factory=dict)  # arm -> blocks that run it
+    per_block: int | None = None  # arms per block of incomplete blocks (None: every arm)
 
 
 @dataclass(frozen=True)
@@ -296,7 +301,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
         raise UserError(f"no dry run of this plan: {why}")
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
-    notes: list[str] = design_warnings(plan.design, tuple(plan.arms))  # ABBA over an odd number of blocks
+    notes: list[str] = design_warnings(plan.design, tuple(plan.arms), plan.per_block)  # ABBA over an odd number of blocks
     if plan.sim.noise > 0:
         sigma, source = plan.sim.noise, "plan"
     else:
@@ -317,9 +322,9 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
     arms = {name: _predict_arm(plan, name, windows, seed, grid, bar_rates, used[name]) for name in plan.arms}
 
     bars = predict_bars(plan, arms, sigma, seed, replications)
-    blocks = plan.design.blocks
-    per_arm = {n: a.gpus * a.run_wall_s * blocks / 3600.0 for n, a in arms.items()}
-    wall = sum(a.run_wall_s for a in arms.values()) * blocks / 3600.0
+    runs = runs_per_arm(tuple(plan.arms), plan.per_block, plan.design.blocks)  # incomplete blocks: fewer
+    per_arm = {n: a.gpus * a.run_wall_s * runs[n] / 3600.0 for n, a in arms.items()}
+    wall = sum(a.run_wall_s * runs[n] for n, a in arms.items()) / 3600.0
     notes.append("modelled spread: per-run efficiency jitter; not modelled: arrival sampling between "
                  "blocks, guard failures and their retries (each retry adds a run's GPU-hours)")
     return DryRunResult(
@@ -331,13 +336,13 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
 
 
 def _sweep_price(plan: Plan, arms: dict[str, ArmPrediction], gpu_hours: float) -> SweepPrice | None:
-    """A sweep plan's price before it runs: its arms (the cells) x blocks x each arm's points x
-    a point's seconds x the arm's GPUs, in GPU-hours (the sum over arms above)."""
+    """A sweep plan's price before it runs: its arms (the cells) x the blocks that run each x each
+    arm's points x a point's seconds x the arm's GPUs, in GPU-hours (the sum over arms above)."""
     if plan.sweep is None:
         return None
     return SweepPrice(describe(plan.sweep), arm_names(plan.sweep, ARM_NAMES), plan.design.blocks,
                       {n: a.points_per_run for n, a in arms.items()}, {n: a.gpus for n, a in arms.items()},
-                      gpu_hours)
+                      gpu_hours, runs_per_arm(tuple(plan.arms), plan.per_block, plan.design.blocks), plan.per_block)
 
 
 def _predict_arm(plan: Plan, arm: str, windows: DryWindows, seed: int, grid: Sequence[float],

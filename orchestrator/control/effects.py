@@ -2,7 +2,10 @@
 
 Only a point capacity counts (censored or unconverged ones give no point): a block enters a
 class's effects when every arm of the sweep has a valid run there with a point capacity at that
-class; the others are left out of that class's effects (``SweepEffects.left_out`` says why)."""
+class; the others are left out of that class's effects (``SweepEffects.left_out`` says why).
+Incomplete blocks: a block enters when its baseline has a point capacity there, with each of its
+other arms that has one (intrablock least squares); an arm of it without one is left out of that
+block, and a block without its baseline's is left out whole."""
 
 from __future__ import annotations
 
@@ -10,11 +13,16 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.analysis.effects import Effect, sweep_effects
+from orchestrator.analysis.effects import Effect, intrablock_effects, sweep_effects
 from orchestrator.control.verdicts import valid_runs
 from orchestrator.plan import Plan
 from orchestrator.plan.experiment import ARM_NAMES
+from orchestrator.plan.incomplete import describe_blocks
 from orchestrator.plan.sweep import cell_name, cells, level_text
+
+# How the effects of incomplete blocks are estimated, in words (stored with them).
+INTRABLOCK = ("intrablock least squares on ln capacity with block effects (each block's arms against its "
+              "baseline), Student's t on the residual degrees of freedom")
 
 if TYPE_CHECKING:
     from orchestrator.store import StoreLike
@@ -27,12 +35,15 @@ class SweepEffects:
     effects: list[Effect]
     arm_names: dict[str, str]  # letter -> readable name (A: the baseline)
     left_out: dict[str, dict[int, str]] = field(default_factory=dict)  # class -> block -> why
+    design: str | None = None  # incomplete blocks in words (None: every block holds every arm)
 
     def to_dict(self) -> dict[str, Any]:
-        """As stored with each bar's verdict (evidence ``sweep``) and printed by `orch verdict --json`."""
+        """As stored with each bar's verdict (evidence ``sweep``) and printed by `orch verdict --json`.
+        Incomplete blocks add ``design`` and ``method`` (complete ones store as before them)."""
+        extra = {} if self.design is None else {"design": self.design, "method": INTRABLOCK}
         return {"arms": dict(self.arm_names), "effects": [e.to_dict() for e in self.effects],
                 "left_out": [{"class": c, "block": b, "why": w}
-                             for c, blocks in self.left_out.items() for b, w in sorted(blocks.items())]}
+                             for c, blocks in self.left_out.items() for b, w in sorted(blocks.items())]} | extra
 
 
 def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> SweepEffects | None:
@@ -46,6 +57,8 @@ def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> Swee
     factors = {path: [level_text(x) for x in levels] for path, levels in sweep.factors.items()}
     runs = valid_runs(store, experiment_id)
     caps = store.capacities(experiment_id)
+    held = plan.block_arms()
+    incomplete = plan.per_block is not None
     effects: list[Effect] = []
     left_out: dict[str, dict[int, str]] = {}
     for cls in plan.classes:
@@ -54,21 +67,27 @@ def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> Swee
         for b in range(plan.design.blocks):
             row: dict[str, float] = {}
             missing: list[str] = []
-            for arm in design:
+            for arm in held[b]:
                 run_id = runs.get((b, arm))
                 value = None if run_id is None else _point_capacity(caps, run_id, cls.name)
                 if value is None:
                     missing.append(arm if run_id is None else f"{arm} (censored or unconverged)")
                 else:
                     row[arm] = math.log(value)
-            if missing:
+            if not missing:
+                values[b] = row
+            elif not incomplete:
                 why[b] = "no point capacity of " + ", ".join(missing)
+            elif "A" not in row or len(row) < 2:
+                why[b] = "no point capacity of " + ", ".join(missing) + ": no arm of it measured against A"
             else:
                 values[b] = row
+                why[b] = "no point capacity of " + ", ".join(missing) + ": left out of this block (the rest kept)"
         left_out[cls.name] = why
-        effects += sweep_effects(factors, design, values, cls.name, sweep.confidence,
-                                 interactions=sweep.design == "full")
-    return SweepEffects(effects, names, {c: w for c, w in left_out.items() if w})
+        estimate = intrablock_effects if incomplete else sweep_effects
+        effects += estimate(factors, design, values, cls.name, sweep.confidence, interactions=sweep.design == "full")
+    return SweepEffects(effects, names, {c: w for c, w in left_out.items() if w},
+                        describe_blocks(len(plan.arms), plan.per_block) if incomplete else None)
 
 
 def _point_capacity(caps: Any, run_id: int, class_name: str) -> float | None:

@@ -38,7 +38,7 @@ from orchestrator.analysis.guards import (
 )
 from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
-from orchestrator.control.design import block_order
+from orchestrator.control.design import plan_order
 from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
 from orchestrator.control.load_kinds import level_plans, load_kind
@@ -236,7 +236,7 @@ class Executor:
                                    + (", which had failed" if was == "failed" else ""))
             else:
                 self.progress.note(f"experiment {exp.name} (id {exp_id}), plan sha256 {reg.sha256[:16]}")
-            order = block_order(plan.design, tuple(plan.arms))
+            order = plan_order(plan)
             if self.config.max_blocks is not None:
                 order = order[: self.config.max_blocks]
             self.progress.blocks(len(order))
@@ -522,13 +522,13 @@ class Executor:
         logs.bind(block=block, arm=None, attempt=None)
         runs = [r for r in self.store.runs(exp_id) if r.block == block and r.status == "done" and r.valid]
         by_arm = {r.arm: r for r in runs}
-        if set(by_arm) != set(plan.arms):
-            return  # every arm of the block must have run (2 or more)
+        if set(by_arm) != set(plan.block_arms()[block]):
+            return  # every arm of the block must have run (2 or more; an incomplete block: its own arms)
         if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
             return  # judged before (a resumed experiment)
         # What the plan registers as different between the arms (A on H100, B on H200; an
         # engine upgrade gate) is the comparison itself, not a broken back-to-back pairing.
-        arms = [plan.arm(n) for n in plan.arms]
+        arms = [plan.arm(n) for n in plan.block_arms()[block]]
         registered = {
             "gpu_type": [(a.labels.gpu if a.labels else None) if a.external else a.gpu for a in arms],
             "engine_version": [(a.labels.engine_version if a.labels else None) if a.external

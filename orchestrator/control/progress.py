@@ -336,7 +336,7 @@ def stored_progress(store: Any, key: int | str, now: datetime | None = None) -> 
         if not rows:
             current += ", deploying"
     s = plan.search
-    est = estimate(total_runs=len(plan.arms) * plan.design.blocks,
+    est = estimate(total_runs=plan.planned_runs,
                    done_runs=len({(r.block, r.arm) for r in valid}),
                    point_s=point_seconds(s.point_s, s.warmup_s, s.cooldown_s), max_points=s.max_points,
                    finished_s=finished_s, running=current is not None, current_elapsed_s=elapsed)

@@ -20,9 +20,9 @@ from orchestrator.analysis.carryover import OrderEffect, order_effect
 from orchestrator.analysis.critical import MEDIAN, METHODS, ROBUST, Method
 from orchestrator.analysis.sequential import Look, judge_looks, look_blocks
 from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
-from orchestrator.analysis.williams import rows_for
-from orchestrator.control.design import block_order
+from orchestrator.control.design import look_step, plan_order
 from orchestrator.plan import Bar, Plan
+from orchestrator.plan.incomplete import describe_blocks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,14 +116,16 @@ def _value(store: StoreLike, caps: pd.DataFrame | None, run_id: int, bar: Bar) -
 
 def dropped_blocks(store: StoreLike, experiment_id: int, plan: Plan, bar: Bar, runs: dict[tuple[int, str], int],
                    used: set[int] | dict[int, Any], limit: int | None = None) -> dict[int, str]:
-    """Each planned block a bar's verdict cannot use, with why (of the bar's two arms): an arm not run yet, an arm
+    """Each planned block holding both of a bar's arms that its verdict cannot use, with why (of
+    the bar's two arms): an arm not run yet, an arm
     without a valid run (its last attempt's reason), a failed run-level guard (back to back),
     or a valid run without the bar's figure."""
     all_runs = store.runs(experiment_id)
     caps = store.capacities(experiment_id) if bar.metric == "capacity" else None
     out: dict[int, str] = {}
+    held = plan.block_arms()
     for b in range(plan.design.blocks if limit is None else limit):
-        if b in used:
+        if b in used or not set(_den_num(bar)) <= set(held[b]):  # an incomplete block without the pair
             continue
         why: list[str] = []
         for arm in _den_num(bar):
@@ -208,7 +210,7 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
     new_rule = method == MEDIAN
     resolution = [math.log1p(plan.search.precision) if new_rule and bar.metric == "capacity" else 0.0
                   for bar in plan.bars]
-    orders = [arms for _, arms in block_order(plan.design, tuple(plan.arms))]
+    orders = [arms for _, arms in plan_order(plan)]
 
     def evidence(limit: int | None) -> list[BarEvidence]:
         return [BarEvidence([r for blk, r in rs.items() if limit is None or blk < limit], bar.threshold,
@@ -247,7 +249,7 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
         judgements = apply_carryover(None, judge_bars(evidence(None), method=method))
         limit: int | None = None
     else:
-        looks = look_blocks(plan.design.blocks, seq.min_blocks, rows_for(len(plan.arms)))
+        looks = look_blocks(plan.design.blocks, seq.min_blocks, look_step(plan))
         alpha = 1.0 - min(bar.confidence for bar in plan.bars)
         judgements, look = judge_looks(evidence, looks, plan.design.blocks, _blocks_run(store, experiment_id, plan),
                                        seq.spending, alpha, method=method, adjust=apply_carryover)
@@ -256,11 +258,13 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
     voided = _voided_attempts(store, experiment_id)
     saved = _gpu_hours_saved(store, experiment_id, plan, look) if look is not None and look.stopped else None
     out = []
+    held = plan.block_arms()
     for bar, j, v, rs, oe in zip(plan.bars, judgements, values, ratios, effects, strict=True):
         used = {blk: x for blk, x in v.items() if limit is None or blk < limit}
-        balance = order_balance(orders[: plan.design.blocks if limit is None else limit],
-                                [b for b in range(plan.design.blocks if limit is None else limit) if b not in used],
-                                _den_num(bar))
+        end = plan.design.blocks if limit is None else limit
+        pair = _den_num(bar)
+        balance = order_balance(orders[:end], [b for b in range(end) if b not in used and set(pair) <= set(held[b])],
+                                pair)
         if not balance.balanced and used:  # ABBA with a dropped block, or a randomized draw: the drift left
             note = balance.warning if plan.design.order == "ABBA" else (
                 f"randomized order: {balance.a_first} of {balance.a_first + balance.b_first} blocks used ran "
@@ -269,6 +273,11 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
             j = replace(j, note=f"{j.note}; {note}" if j.note else note)
         censored = {blk: r.reason().removeprefix(f"block {blk}: ")
                     for blk, r in rs.items() if blk in used and isinstance(r, BlockRatio) and not r.is_point}
+        if plan.per_block is not None:  # which blocks the bar can rest on at all
+            shared = sum(1 for b in range(end) if set(pair) <= set(held[b]))
+            note = (f"{describe_blocks(len(plan.arms), plan.per_block)}: {pair[1]} and {pair[0]} run together in "
+                    f"{shared} of {end} blocks, the blocks this ratio is taken in")
+            j = replace(j, note=f"{j.note}; {note}" if j.note else note)
         mine = {arm: voided.get(arm, 0) for arm in _den_num(bar)}
         out.append(BarOutcome(bar, j, sorted(used), used,
                               dropped_blocks(store, experiment_id, plan, bar, runs, used, limit), censored,
@@ -286,8 +295,9 @@ def _point(r: float | BlockRatio) -> float:
 def _blocks_run(store: StoreLike, experiment_id: int, plan: Plan) -> int:
     """How many of the planned blocks, from the first, have every arm's run finished."""
     done = {(r.block, r.arm) for r in store.runs(experiment_id) if r.finished}
+    held = plan.block_arms()
     n = 0
-    while n < plan.design.blocks and all((n, arm) in done for arm in plan.arms):
+    while n < plan.design.blocks and all((n, arm) in done for arm in held[n]):
         n += 1
     return n
 
@@ -325,7 +335,8 @@ def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> boo
         look = judge_experiment(store, experiment_id, plan, _stored_method(store, experiment_id))[0].look
         if look is not None and look.stopped:
             blocks = look.blocks  # a sequential stop: the blocks after it were never to run
-    return all((b, arm) in counted for b in range(blocks) for arm in plan.arms)
+    held = plan.block_arms()
+    return all((b, arm) in counted for b in range(blocks) for arm in held[b])
 
 
 def _stored_method(store: StoreLike, experiment_id: int) -> Method:

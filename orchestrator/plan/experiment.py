@@ -21,8 +21,10 @@ from orchestrator.plan.arms import ROUTER_POLICIES_OF, Arm, RouterConfig, router
 from orchestrator.plan.base import CrossFieldError, StrictModel, omit_while
 from orchestrator.plan.catalog import GPUS, MODELS, SERVICE_CLASSES, ModelSpec, ServiceClass
 from orchestrator.plan.design import CarryOver, Design, RateRange, SearchSettings, Sequential  # noqa: F401 (re-exported)
+from orchestrator.plan.incomplete import block_arms, blocks_problem, describe_blocks, shared_blocks
 from orchestrator.plan.kubernetes import KubernetesSettings
 from orchestrator.plan.sweep import Sweep, expand
+from orchestrator.plan.sweep import per_block as sweep_per_block
 from orchestrator.plan.workload import Workload
 
 
@@ -307,9 +309,44 @@ class Plan(StrictModel):
         if self.sweep is not None and not self.bars:
             problems.append(Problem("bars", "a sweep's effects are stored with the verdicts of its bars: register "
                                             "at least one bar (e.g. the arm of every factor's last level over A)"))
+        problems.extend(self._incomplete_problems())
         if problems:
             raise PlanError(problems)
         return self
+
+    def _incomplete_problems(self) -> list[Problem]:
+        """Incomplete blocks: a number of blocks that holds every other arm equally often, and
+        bars between arms that share a block (a bar's ratio is taken within blocks)."""
+        k = self.per_block
+        if k is None:
+            return []
+        out = []
+        if (why := blocks_problem(len(self.arms), k, self.design.blocks)) is not None:
+            out.append(Problem("design.blocks", why))
+        for i, bar in enumerate(self.bars):
+            num, den = bar.pair
+            if num != den and num in self.arms and den in self.arms and not shared_blocks(
+                    tuple(self.arms), k, self.design.blocks, (num, den)):
+                out.append(Problem(f"bars.{i}.compare", f"compare {bar.compare}: arms {num} and {den} never run in the "
+                                                        f"same block ({describe_blocks(len(self.arms), k)}); a bar "
+                                                        f"compares two arms within blocks: compare each with A "
+                                                        f"({num}/A, {den}/A), or read their ratio off the effects"))
+        return out
+
+    @property
+    def per_block(self) -> int | None:
+        """Arms per block of an incomplete design (a sweep's ``max_arms_per_block`` below its
+        arms); None when every block runs every arm."""
+        return None if self.sweep is None else sweep_per_block(self.sweep)
+
+    def block_arms(self) -> list[tuple[str, ...]]:
+        """The arms each planned block runs (every arm, unless the blocks are incomplete), A first."""
+        return block_arms(tuple(self.arms), self.per_block, self.design.blocks)
+
+    @property
+    def planned_runs(self) -> int:
+        """Runs the design plans: one per arm of each block."""
+        return sum(len(held) for held in self.block_arms())
 
     def arm(self, name: str) -> Arm:
         """An arm by name (``A``, ``B``, ...)."""
@@ -535,4 +572,10 @@ def plan_warnings(plan: Plan) -> list[str]:
                    for n in plan.arms if n not in compared)
     if plan.bars and plan.design.blocks < 2:
         out.append("design.blocks: a bar is judged over blocks; with fewer than 2 it stays INCONCLUSIVE")
+    k = plan.per_block
+    if k is not None and plan.design.blocks * (k - 1) - (len(plan.arms) - 1) < 1:
+        out.append(f"design.blocks: {plan.design.blocks} incomplete blocks of {k} arms leave no degrees of freedom "
+                   f"for the error of the sweep's effects (runs within blocks, {plan.design.blocks * (k - 1)}, "
+                   f"not above the {len(plan.arms) - 1} arms they compare with A): the effects get no interval; "
+                   f"use more blocks")
     return out

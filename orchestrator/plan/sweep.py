@@ -10,6 +10,9 @@ The expansion (``expand``) writes one arm per cell of the design:
   of factors is its resolution (3 factors: resolution III, main effects aliased with two-factor
   interactions; 4: IV). Only main effects are estimated from a fraction.
 
+``max_arms_per_block`` (k) below the number of arms makes the blocks incomplete: each runs the
+baseline A and k - 1 others, every other arm in equally many blocks (``plan.incomplete``).
+
 The baseline is arm A: the first level of every factor (the base arm's own value of a swept
 field is replaced). The other cells follow in the product's order, factors sorted by path (so
 a plan's canonical JSON, whose keys are sorted, expands to the same letters), and are named by
@@ -27,10 +30,18 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from orchestrator.plan.arms import Arm
-from orchestrator.plan.base import StrictModel
+from orchestrator.plan.base import StrictModel, omit_while
+from orchestrator.plan.incomplete import describe_blocks
 
 Level = bool | int | float | str
 SweepDesign = Literal["full", "fractional"]
@@ -54,6 +65,18 @@ class Sweep(StrictModel):
         default=0.95, ge=0.5, lt=1,
         description="Two-sided confidence of the intervals on the factors' effects.",
     )
+    max_arms_per_block: int | None = Field(
+        default=None, ge=2, le=16,
+        description="At most this many arms per block (2 to 16; default: every arm in every block). Fewer "
+                    "than the sweep's arms: incomplete blocks, each the baseline A and that many minus one "
+                    "others, every other arm in equally many blocks (design.blocks a multiple of what that "
+                    "needs); effects by intrablock least squares.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_complete(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after sweep plans were registered (a plan that sets it hashes apart).
+        return omit_while(handler(self), {"max_arms_per_block": None})
 
     @field_validator("factors")
     @classmethod
@@ -126,11 +149,20 @@ def arm_names(sweep: Sweep, letters: str) -> dict[str, str]:
     return {letter: cell_name(sweep, cell) for letter, cell in zip(letters, cells(sweep), strict=False)}
 
 
+def per_block(sweep: Sweep) -> int | None:
+    """Arms per block of an incomplete design; None when every block holds every arm."""
+    k = sweep.max_arms_per_block
+    return k if k is not None and k < len(cells(sweep)) else None
+
+
 def describe(sweep: Sweep) -> str:
-    """The design in words: ``full design of 3 x 2 levels (engine.max_num_seqs x replicas): 6 arms``."""
+    """The design in words: ``full design of 3 x 2 levels (engine.max_num_seqs x replicas): 6 arms``,
+    and with incomplete blocks ``..., incomplete blocks: 3 arms of 6 per block, baseline in every block``."""
     sizes = " x ".join(str(len(v)) for v in sweep.factors.values())
-    return (f"{sweep.design} design of {sizes} levels ({' x '.join(sweep.factors)}): "
-            f"{len(cells(sweep))} arms")
+    n = len(cells(sweep))
+    text = f"{sweep.design} design of {sizes} levels ({' x '.join(sweep.factors)}): {n} arms"
+    k = per_block(sweep)
+    return text if k is None else f"{text}, {describe_blocks(n, k)}"
 
 
 def _set(doc: dict[str, Any], path: str, value: Level, fallback: Mapping[str, Any]) -> None:

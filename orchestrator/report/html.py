@@ -74,6 +74,7 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 <h2 id="sweep-section">Sweep effects</h2>
 <p>Arms: {% for k, n in sweep.arms.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% endfor %}
 (A: every factor at its first level, the baseline).</p>
+{% if sweep.get("design") %}<p id="sweep-design">Design: {{ sweep.design }}; effects by {{ sweep.method }}.</p>{% endif %}
 <table id="sweep-effects">
 <thead><tr><th>effect</th><th>class</th><th>contrast</th><th>capacity ratio</th><th>interval</th><th>blocks</th></tr></thead>
 <tbody>
@@ -88,8 +89,10 @@ generator's ceiling) or unconverged is a bound, never a point.</p>
 {% for x in sweep.left_out %}<div class="dropped">left out of [{{ x["class"] }}]: block {{ x.block }}: {{ x.why }}</div>{% endfor %}
 <p class="muted">A main effect is the ratio of geometric mean capacities between a factor's level and its
 first level, over the other factors' levels; an interaction is how much one factor's ratio changes with the
-other's level (1: none). Each is a contrast of ln capacity within each block (the block effect cancels),
-its interval Student's t over the blocks where every arm has a point capacity.</p>
+other's level (1: none). {% if sweep.get("design") %}Each is estimated within blocks (each block's arms against its
+baseline, so the block effect cancels) by least squares, its interval Student's t on the fit's residual degrees of
+freedom.{% else %}Each is a contrast of ln capacity within each block (the block effect cancels),
+its interval Student's t over the blocks where every arm has a point capacity.{% endif %}</p>
 {% endif %}
 
 <h2>Capacity per run</h2>

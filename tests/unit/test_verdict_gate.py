@@ -62,7 +62,8 @@ def _plan(blocks: int, at_least: float = 1.10, metric: str = "capacity", rate: f
     bar = Bar.model_validate({"id": "b", "class": "standard", "at_least": at_least, "metric": metric,
                               **({"rate": rate} if rate else {})})
     return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1), arms={"A": None, "B": None},
-                           search=SimpleNamespace(precision=0.02))
+                           search=SimpleNamespace(precision=0.02), per_block=None,
+                           block_arms=lambda: [("A", "B")] * blocks)  # complete blocks
 
 
 def _caps(a: list[float], b: list[float], **extra) -> dict[tuple[int, str], dict]:

@@ -30,7 +30,8 @@ def _plan(blocks: int, at_least: float = 1.10, metric: str = "capacity", **desig
     return SimpleNamespace(bars=[bar], design=Design(blocks=blocks, order="ABBA", seed=1, **design),
                            arms={"A": None, "B": None}, search=SimpleNamespace(precision=0.02, point_s=10.0,
                                                                                warmup_s=2.0, cooldown_s=1.0),
-                           arm=lambda name: SimpleNamespace(gpus=1))
+                           arm=lambda name: SimpleNamespace(gpus=1),
+                           per_block=None, block_arms=lambda: [("A", "B")] * blocks)  # complete blocks
 
 
 # --- the estimand and its bound --------------------------------------------------------------
