@@ -39,6 +39,13 @@ are fewer than 1. The model pools one error variance over every cell: a cell noi
 others widens every contrast here, not only its own (the complete design's per-contrast spread
 does not assume it). An effect of a cell with no point capacity in any block is not estimable
 and is left out.
+
+**The search's resolution.** A capacity comes from a search that stops when its bracket is
+``search.precision`` wide, and the same curve bends the same way in every block: that error is
+a cell's own and does not average away over blocks (a bar's ends carry it too). Each end of a
+contrast is widened by ``resolution`` (ln(1 + precision)) times the contrast's weight on one
+side, sum |w| / 2: once for a main effect (a ratio of two groups of cells), twice for an
+interaction (a ratio of ratios).
 """
 
 from __future__ import annotations
@@ -86,16 +93,17 @@ class Effect:
                 "label": self.label}
 
 
-def contrast_interval(d: Sequence[float], confidence: float, sd_floor: float = SD_FLOOR,
+def contrast_interval(d: Sequence[float], confidence: float, sd_floor: float = SD_FLOOR, widen: float = 0.0,
                       ) -> tuple[float, float | None, float | None]:
     """(estimate, lower, upper) of exp(mean d) from per-block contrasts ``d`` (ln units): a
-    two-sided Student t interval; no interval with fewer than 2 blocks."""
+    two-sided Student t interval, each end widened by ``widen`` (ln units: the search's
+    resolution on the contrast); no interval with fewer than 2 blocks."""
     x = np.asarray(d, dtype=float)
     mean = float(x.mean())
     if len(x) < 2:
         return math.exp(mean), None, None
     sd = max(float(x.std(ddof=1)), sd_floor)
-    half = float(sps.t.ppf(0.5 + confidence / 2, len(x) - 1)) * sd / math.sqrt(len(x))
+    half = float(sps.t.ppf(0.5 + confidence / 2, len(x) - 1)) * sd / math.sqrt(len(x)) + widen
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
@@ -123,11 +131,13 @@ def sweep_effects(
     service_class: str,
     confidence: float,
     interactions: bool,
+    resolution: float = 0.0,
 ) -> list[Effect]:
     """Every main effect (each factor's levels against its first) and, with ``interactions``
     (a full factorial), every two-factor interaction, from ``ln_capacity`` block -> arm -> ln C
     (only blocks where every cell has a value are used; the caller leaves out the rest).
-    ``factors``: each factor's levels as text, in the order of ``cells``' indices."""
+    ``factors``: each factor's levels as text, in the order of ``cells``' indices; ``resolution``:
+    the search's, ln(1 + precision) (module docstring)."""
     names = list(factors)
     blocks = sorted(b for b, row in ln_capacity.items() if all(a in row for a in cells))
     out: list[Effect] = []
@@ -136,11 +146,18 @@ def sweep_effects(
     for kind, term in _terms(factors, interactions):
         w = _weights(cells, term)
         d = [sum(wk * ln_capacity[b][arm] for arm, wk in w.items()) for b in blocks]
-        ratio, lo, hi = contrast_interval(d, confidence)
+        ratio, lo, hi = contrast_interval(d, confidence, widen=resolution_widening(w, resolution))
         out.append(Effect(kind, service_class, tuple(names[f] for f in term),
                           tuple(factors[names[f]][lv] for f, lv in term.items()),
                           tuple(factors[names[f]][0] for f in term), ratio, lo, hi, confidence, len(blocks)))
     return out
+
+
+def resolution_widening(weights: Mapping[str, float], resolution: float) -> float:
+    """How far the search's resolution can move a contrast (ln units): each cell's capacity may
+    sit up to ``resolution`` below its truth, so the contrast moves by at most that times the
+    weight on one side (sum |w| / 2)."""
+    return resolution * sum(abs(w) for w in weights.values()) / 2
 
 
 def _terms(factors: Mapping[str, Sequence[str]], interactions: bool) -> list[tuple[EffectKind, dict[int, int]]]:
@@ -206,6 +223,7 @@ def intrablock_effects(
     confidence: float,
     interactions: bool,
     baseline: str = "A",
+    resolution: float = 0.0,
 ) -> list[Effect]:
     """``sweep_effects`` for incomplete blocks: the same main effects and interactions, from the
     intrablock least-squares fit (module docstring); ``ln_capacity`` block -> cell -> ln C of the
@@ -224,7 +242,8 @@ def intrablock_effects(
         lo = hi = None
         if fit.df > 0:
             var = sum(wa * wb * fit.cov.get((a, b), 0.0) for a, wa in w.items() for b, wb in w.items())
-            half = float(sps.t.ppf(0.5 + confidence / 2, fit.df)) * sigma * math.sqrt(max(var, 0.0))
+            half = (float(sps.t.ppf(0.5 + confidence / 2, fit.df)) * sigma * math.sqrt(max(var, 0.0))
+                    + resolution_widening(w, resolution))
             lo, hi = math.exp(est - half), math.exp(est + half)
         out.append(Effect(kind, service_class, tuple(names[f] for f in term),
                           tuple(factors[names[f]][lv] for f, lv in term.items()),

@@ -46,12 +46,20 @@ def _sweep_differs(store: StoreLike, doc: dict[str, Any], plan: Any, checks: lis
     effects = experiment_effects(store, doc["experiment"]["id"], plan)
     if effects is None:
         return []
-    now = _plain(effects.to_dict())
-    doc["sweep"] = now
+    doc["sweep"] = _plain(effects.to_dict())
+    by_rule: dict[float, Any] = {}  # each stored verdict against the resolution it was judged with
+
+    def again(stored: Any) -> Any:
+        resolution = float((stored or {}).get("resolution", 0.0))
+        if resolution not in by_rule:
+            found = experiment_effects(store, doc["experiment"]["id"], plan, resolution=resolution)
+            by_rule[resolution] = _plain(found.to_dict()) if found is not None else None
+        return by_rule[resolution]
+
     return [f"bar {c.bar_id}: the sweep's effects stored with its verdict are not what its records give; "
             "the stored effects are not trusted"
             for c in checks if c.stored is not None and not c.superseded
-            and _plain((c.stored.evidence or {}).get("sweep")) != now]
+            and _plain((c.stored.evidence or {}).get("sweep")) != again((c.stored.evidence or {}).get("sweep"))]
 
 
 def _plain(doc: Any) -> Any:

@@ -36,22 +36,31 @@ class SweepEffects:
     arm_names: dict[str, str]  # letter -> readable name (A: the baseline)
     left_out: dict[str, dict[int, str]] = field(default_factory=dict)  # class -> block -> why
     design: str | None = None  # incomplete blocks in words (None: every block holds every arm)
+    resolution: float = 0.0  # the search's, ln(1 + precision), on each end (0: effects stored before it)
 
     def to_dict(self) -> dict[str, Any]:
         """As stored with each bar's verdict (evidence ``sweep``) and printed by `orch verdict --json`.
-        Incomplete blocks add ``design`` and ``method`` (complete ones store as before them)."""
-        extra = {} if self.design is None else {"design": self.design, "method": INTRABLOCK}
+        Incomplete blocks add ``design`` and ``method`` (complete ones store as before them), the
+        search's resolution ``resolution`` (effects stored before it have none: judged without)."""
+        extra: dict[str, Any] = {} if self.design is None else {"design": self.design, "method": INTRABLOCK}
+        if self.resolution > 0:
+            extra["resolution"] = self.resolution
         return {"arms": dict(self.arm_names), "effects": [e.to_dict() for e in self.effects],
                 "left_out": [{"class": c, "block": b, "why": w}
                              for c, blocks in self.left_out.items() for b, w in sorted(blocks.items())]} | extra
 
 
-def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> SweepEffects | None:
+def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan,
+                       resolution: float | None = None) -> SweepEffects | None:
     """The sweep's main effects (and, for a full factorial, its two-factor interactions) per
-    measured class; None for a plan without a sweep."""
+    measured class; None for a plan without a sweep. ``resolution`` (ln units) widens each end
+    (analysis.effects); None: the plan's search's, ln(1 + search.precision), for open-loop
+    capacities (`orch verdict --verify` passes what a stored verdict was judged with)."""
     sweep = plan.sweep
     if sweep is None:
         return None
+    if resolution is None:
+        resolution = math.log1p(plan.search.precision) if plan.workload.open_loop else 0.0
     design = dict(zip(ARM_NAMES, cells(sweep), strict=False))
     names = {arm: cell_name(sweep, cell) for arm, cell in design.items()}
     factors = {path: [level_text(x) for x in levels] for path, levels in sweep.factors.items()}
@@ -85,9 +94,10 @@ def experiment_effects(store: StoreLike, experiment_id: int, plan: Plan) -> Swee
                 why[b] = "no point capacity of " + ", ".join(missing) + ": left out of this block (the rest kept)"
         left_out[cls.name] = why
         estimate = intrablock_effects if incomplete else sweep_effects
-        effects += estimate(factors, design, values, cls.name, sweep.confidence, interactions=sweep.design == "full")
+        effects += estimate(factors, design, values, cls.name, sweep.confidence, interactions=sweep.design == "full",
+                            resolution=resolution)
     return SweepEffects(effects, names, {c: w for c, w in left_out.items() if w},
-                        describe_blocks(len(plan.arms), plan.per_block) if incomplete else None)
+                        describe_blocks(len(plan.arms), plan.per_block) if incomplete else None, resolution)
 
 
 def _point_capacity(caps: Any, run_id: int, class_name: str) -> float | None:

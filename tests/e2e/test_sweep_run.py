@@ -53,7 +53,8 @@ def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch, t
         assert e["blocks"] + len(sweep["left_out"]) == 6 and e["blocks"] >= 2
         assert 0 < e["lower"] < e["ratio"] < e["upper"], e
     # Two replicas: the simulated engine serves about twice the rate (what the model says).
-    assert effects[("main", ("2",))]["lower"] > 1.5
+    # (the lower end also carries the search's 2% resolution)
+    assert 1.7 < effects[("main", ("2",))]["ratio"] < 2.4 and effects[("main", ("2",))]["lower"] > 1.4
 
     # What is stored: every bar's verdict carries the effects, and they are what the stored
     # capacities give when judged again.
@@ -78,6 +79,19 @@ def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch, t
 
     # Never read on trust: --verify judges the effects again from the stored capacities, and a
     # verdict stored with other effects (a row the runtime role may append) is named, exit 6.
+    assert orch("verdict", doc["experiment"]["name"], "--verify").returncode == 0
+    # Each end carries the search's resolution (a cell's search error does not average away), and
+    # effects stored before it (no "resolution") are judged again as they were made.
+    assert sweep["resolution"] == pytest.approx(math.log1p(plan.search.precision))
+    with Store.open(r.env["ORCH_DATABASE_URL"]) as store:
+        older = experiment_effects(store, exp_id, plan, resolution=0.0)
+        assert older is not None and "resolution" not in older.to_dict()
+        narrower = {(e.kind, e.levels): e for e in older.effects}
+        for key, e in effects.items():
+            assert narrower[key].lower > e["lower"] and narrower[key].upper < e["upper"]
+        store.record_verdict(exp_id, stored.registration_id, stored.bar_id, stored.verdict, stored.estimate,
+                             stored.lower, stored.upper, stored.blocks, label=stored.label, note=stored.note,
+                             evidence={**stored.evidence, "sweep": older.to_dict()})
     assert orch("verdict", doc["experiment"]["name"], "--verify").returncode == 0
     with Store.open(r.env["ORCH_DATABASE_URL"]) as store:
         forged = copy.deepcopy(stored.evidence)
