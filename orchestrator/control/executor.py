@@ -25,19 +25,13 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
 from orchestrator import logs
-from orchestrator.analysis.guards import (
-    GuardResult,
-    RunEnvironment,
-    back_to_back,
-    placement_consistency,
-)
 from orchestrator.analysis.search import search_capacity
 from orchestrator.backends.base import Backend, Deployment, Fingerprint, RunKey
+from orchestrator.control.block_guards import judge_block
 from orchestrator.control.design import plan_order
 from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
@@ -46,12 +40,10 @@ from orchestrator.control.points import PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
 from orchestrator.control.spool import replay, spooled_points
 from orchestrator.control.verdicts import (
-    BACK_TO_BACK,
     BarOutcome,
     experiment_complete,
     gate_exit_code,
     judge_experiment,
-    valid_runs,
 )
 from orchestrator.errors import (
     OrchestratorError,
@@ -67,7 +59,7 @@ from orchestrator.store.lease import ExperimentLease, LeaseLost
 from orchestrator.store.protocol import StoreLike
 from orchestrator.store.repository import Store
 from orchestrator.store.retry import DatabaseOutage, ResilientStore, first_line, retrying
-from orchestrator.store.rows import Registration, RunInfo
+from orchestrator.store.rows import Registration
 
 
 class RunInvalid(Exception):
@@ -250,7 +242,7 @@ class Executor:
             for block, arms in order:
                 for position, arm in enumerate(arms):
                     self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
-                self._judge_block(plan, exp_id, block)
+                judge_block(self.store, self.progress, plan, exp_id, block)
                 self.progress.block_done()
                 if stopped := self._decided_early(plan, exp_id):
                     break
@@ -517,74 +509,6 @@ class Executor:
             except OrchestratorError as e:
                 raise RunInvalid(f"lost the server during the point ({errors} failed requests): {e}") from e
 
-    # -- block-level guard --------------------------------------------------------------------
-    def _judge_block(self, plan: Plan, exp_id: int, block: int) -> None:
-        logs.bind(block=block, arm=None, attempt=None)
-        runs = [r for r in self.store.runs(exp_id) if r.block == block and r.status == "done" and r.valid]
-        by_arm = {r.arm: r for r in runs}
-        if set(by_arm) != set(plan.block_arms()[block]):
-            return  # every arm of the block must have run (2 or more; an incomplete block: its own arms)
-        if any(g.name == BACK_TO_BACK for r in by_arm.values() for g in self.store.guard_results(r.id)):
-            return  # judged before (a resumed experiment)
-        # What the plan registers as different between the arms (A on H100, B on H200; an
-        # engine upgrade gate) is the comparison itself, not a broken back-to-back pairing.
-        arms = [plan.arm(n) for n in plan.block_arms()[block]]
-        registered = {
-            "gpu_type": [(a.labels.gpu if a.labels else None) if a.external else a.gpu for a in arms],
-            "engine_version": [(a.labels.engine_version if a.labels else None) if a.external
-                               else a.engine.version for a in arms],
-        }
-        differs = {k for k, vals in registered.items() if len(set(vals)) > 1}
-        # Other GPU types run on other nodes (pools, drivers); another version is another image.
-        masked = ({"gpu_type", "gpu_products", "node_pools", "driver_versions"} if "gpu_type" in differs else set())
-        masked |= {"engine_version", "images"} if "engine_version" in differs else set()
-        envs = []
-        for r in by_arm.values():
-            fp = Fingerprint.from_dict(r.fingerprint)
-
-            def seen(name: str, fp: Fingerprint = fp) -> str:
-                if name in masked:
-                    return "registered per arm"
-                return ",".join(fp.image_digests()) if name == "images" else fp.compared_value(name)
-
-            envs.append(RunEnvironment(
-                arm=r.arm,
-                gpu_type=seen("gpu_type") + ("" if "gpu_type" in masked else f" ({seen('gpu_products')})"),
-                engine_version=seen("engine_version"),
-                node_pool=seen("node_pools"), driver=seen("driver_versions"), image=seen("images"),
-                started_s=_ts(r.started_at), ended_s=_ts(r.finished_at or r.started_at),
-                # One measurement session = one experiment on one backend; a resumed controller
-                # continues the session (the time window still bounds it).
-                session=f"{exp_id}:{fp.backend}",
-            ))
-        result: GuardResult = back_to_back(envs, window_h=plan.design.window_h)
-        placements = self._placement_guards(exp_id, block, by_arm)
-        for arm, r in by_arm.items():
-            self.store.record_guards(r.id, None, [result, *placements.get(arm, [])])
-        if not result.passed:
-            self.progress.note(f"block {block}: back-to-back guard failed ({result.detail}); block not counted")
-        for g in (g for gs in placements.values() for g in gs if not g.passed):
-            self.progress.note(f"block {block}: {g.detail}; the arm's run of this block is not counted")
-
-    def _placement_guards(self, exp_id: int, block: int, by_arm: dict[str, RunInfo]) -> dict[str, list[GuardResult]]:
-        """Each disaggregated arm's observed prefill/decode placement against the one it had in
-        the first earlier block that counts (analysis.guards.placement_consistency)."""
-        counted = valid_runs(self.store, exp_id)
-        runs = {r.id: r for r in self.store.runs(exp_id)}
-        out: dict[str, list[GuardResult]] = {}
-        for arm, r in by_arm.items():
-            observed = (Fingerprint.from_dict(r.fingerprint).details.get("pd_placement") or {}).get("observed")
-            if observed is None:
-                continue
-            reference = None
-            for b in sorted(b for (b, a) in counted if a == arm and b < block):
-                ref = (Fingerprint.from_dict(runs[counted[(b, arm)]].fingerprint).details.get("pd_placement") or {})
-                if ref.get("observed"):
-                    reference = (b, str(ref["observed"]))
-                    break
-            out[arm] = [placement_consistency(arm, str(observed), reference)]
-        return out
-
 
 # Experiments `orch run` of the same plan resumes (a failed one once its cause is fixed).
 RESUMABLE_STATUSES = ("queued", "running", "failed")
@@ -608,10 +532,3 @@ def _finite(x: float) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
-
-
-def _ts(dt: datetime) -> float:
-    """Epoch seconds of a stored (UTC) datetime."""
-    from datetime import UTC
-
-    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
