@@ -16,30 +16,19 @@ import pytest
 from orchestrator.cli.main import main
 from orchestrator.plan import load_plan_file
 from orchestrator.store import Store
+from tests.support.seeding import running_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _running_experiment(url: str) -> int:
-    """Block 0: arm A done and valid (one point), arm B running with one point so far."""
-    with Store.open(url) as st:
-        plan = load_plan_file(ROOT / "examples" / "quickstart.yaml")
-        exp = st.create_experiment(st.register_plan(plan).id, name="watched")
-        st.set_experiment_status(exp, "running")
-        a = st.start_run(exp, "A", 0, 0, 0, st.deployment_config(plan, "A"))
-        st.record_point(a, seq=0, window_start_s=0, window_end_s=1, offered_rate=2.0,
-                        per_class={"interactive": {"attainment": 0.97}})
-        st.finish_run(a, "done", True)
-        b = st.start_run(exp, "B", 0, 1, 0, st.deployment_config(plan, "B"))
-        st.record_point(b, seq=0, window_start_s=0, window_end_s=1, offered_rate=1.5,
-                        per_class={"interactive": {"attainment": 0.93}})
-        return exp
+def running_experiment_of_quickstart(url: str) -> int:
+    return running_experiment(url, load_plan_file(ROOT / "examples" / "quickstart.yaml"), "watched")
 
 
 def test_watch_follows_until_the_experiment_ends(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
-    exp = _running_experiment(sqlite_url)
+    exp = running_experiment_of_quickstart(sqlite_url)
     blocks = load_plan_file(ROOT / "examples" / "quickstart.yaml").design.blocks
 
     def finish() -> None:
@@ -69,7 +58,7 @@ def test_watch_follows_until_the_experiment_ends(sqlite_url: str, monkeypatch: p
 def test_watch_of_an_experiment_already_ended_prints_its_status(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ORCH_DATABASE_URL", sqlite_url)
-    exp = _running_experiment(sqlite_url)
+    exp = running_experiment_of_quickstart(sqlite_url)
     with Store.open(sqlite_url) as st:
         st.set_experiment_status(exp, "cancelled")
     assert main(["status", "--watch", str(exp), "--interval", "0.1"]) == 0
@@ -97,7 +86,7 @@ def test_watch_waits_for_an_experiment_still_in_its_dry_run(sqlite_url: str, mon
 
     def appear() -> None:
         time.sleep(0.5)
-        exp = _running_experiment(sqlite_url)
+        exp = running_experiment_of_quickstart(sqlite_url)
         time.sleep(0.5)
         with Store.open(sqlite_url) as st:
             st.set_experiment_status(exp, "done")
@@ -117,7 +106,7 @@ def test_watch_waits_for_an_experiment_still_in_its_dry_run(sqlite_url: str, mon
 def test_watch_as_a_process(sqlite_url: str) -> None:
     """`python -m orchestrator.cli.main status --watch`: its first progress line comes while the
     experiment runs; marked done by another process (this test), it prints the status and exits 0."""
-    exp = _running_experiment(sqlite_url)
+    exp = running_experiment_of_quickstart(sqlite_url)
     env = {**os.environ, "ORCH_DATABASE_URL": sqlite_url}
     env.pop("ORCH_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "status", "--watch", "watched",
@@ -144,7 +133,7 @@ def test_watch_as_a_process(sqlite_url: str) -> None:
 def test_stored_progress_names_the_point_being_measured(sqlite_url: str) -> None:
     from orchestrator.control.progress import stored_progress
 
-    exp = _running_experiment(sqlite_url)
+    exp = running_experiment_of_quickstart(sqlite_url)
     with Store.open(sqlite_url) as st:
         b = next(r for r in st.runs(exp) if r.arm == "B")
         st.record_point(b.id, seq=1, window_start_s=1, window_end_s=2, offered_rate=3.0)  # records not in yet

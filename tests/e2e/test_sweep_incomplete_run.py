@@ -9,7 +9,6 @@ from __future__ import annotations
 import html
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -18,7 +17,7 @@ from orchestrator.control.effects import experiment_effects
 from orchestrator.plan import load_plan_file
 from orchestrator.report import write_report
 from orchestrator.store import Store
-from tests.e2e.helpers import ROOT, orch_here
+from tests.e2e.helpers import ROOT
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_sockets")]
 
@@ -36,17 +35,6 @@ def write_plan(tmp_path, blocks: int = 10) -> object:
     path = tmp_path / f"sweep-incomplete-{blocks}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-@pytest.fixture
-def orch(tmp_path, monkeypatch, capsys):
-    env = {"ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}", "ORCH_STATE_DIR": str(tmp_path / "state"),
-           "ORCH_CACHE_DIR": str(tmp_path / "cache")}
-
-    def run(*args: str) -> SimpleNamespace:
-        code, out, err = orch_here(*args, env=env, monkeypatch=monkeypatch, capsys=capsys)
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err, env=env)
-    return run
 
 
 def test_an_incomplete_sweep_runs_only_each_blocks_arms_to_a_verdict_with_effects(orch, tmp_path) -> None:

@@ -9,7 +9,6 @@ import copy
 import html
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -18,22 +17,11 @@ from orchestrator.control.effects import experiment_effects
 from orchestrator.plan import load_plan_file
 from orchestrator.report import write_report
 from orchestrator.store import Store
-from tests.e2e.helpers import ROOT, orch_here
+from tests.e2e.helpers import ROOT
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_sockets")]
 
 PLAN = ROOT / "examples" / "sweep.yaml"
-
-
-@pytest.fixture
-def orch(tmp_path, monkeypatch, capsys):
-    env = {"ORCH_DATABASE_URL": f"sqlite:///{tmp_path / 'orch.sqlite'}", "ORCH_STATE_DIR": str(tmp_path / "state"),
-           "ORCH_CACHE_DIR": str(tmp_path / "cache")}
-
-    def run(*args: str) -> SimpleNamespace:
-        code, out, err = orch_here(*args, env=env, monkeypatch=monkeypatch, capsys=capsys)
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err, env=env)
-    return run
 
 
 def test_a_3x2_sweep_runs_to_a_stored_verdict_with_effects_and_intervals(orch, tmp_path) -> None:

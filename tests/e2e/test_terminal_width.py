@@ -14,23 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from orchestrator.plan import validate_plan
 from orchestrator.store import Store
 from tests.e2e.helpers import ROOT, run_virtual, small_plan
+from tests.support.seeding import quickstart_plan, running_experiment
 from tests.support.terminal import Terminal, orch_command
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 # A table whose column rich squeezed to nothing draws two rules side by side.
 COLLAPSED = re.compile("[│┃][│┃]|[┳┏][┳┓]|[╇┡][╇┩]|[┴└][┴┘]")
-
-
-def _plan(name: str, backend: str, gpu: str = "H200"):
-    data = yaml.safe_load(QUICKSTART.read_text())
-    data["name"], data["backend"] = name, backend
-    data["arms"]["A"]["gpu"] = gpu
-    return validate_plan(data)
 
 
 def _seed_history(url: str) -> None:
@@ -40,7 +32,7 @@ def _seed_history(url: str) -> None:
              ("w", "sim", "H100", "A", [5000.0] * 3)]
     with Store.open(url) as store:
         for name, backend, gpu, arm, caps in seeds:
-            plan = _plan(name, backend, gpu)
+            plan = quickstart_plan(name, backend, gpu)
             exp = store.create_experiment(store.register_plan(plan).id)
             cfg = store.deployment_config(plan, arm)
             for block, cap in enumerate(caps):
@@ -145,25 +137,9 @@ def test_capacity_plan_and_pareto_fit_80_columns(history: str) -> None:
 # -- orch status --watch ------------------------------------------------------------------------
 
 
-def _running(url: str, name: str) -> int:
-    """A running experiment: block 0 arm A done (one point), arm B running with one point."""
-    with Store.open(url) as st:
-        plan = _plan("quick", "sim")
-        exp = st.create_experiment(st.register_plan(plan).id, name=name)
-        st.set_experiment_status(exp, "running")
-        a = st.start_run(exp, "A", 0, 0, 0, st.deployment_config(plan, "A"))
-        st.record_point(a, seq=0, window_start_s=0, window_end_s=1, offered_rate=2.0,
-                        per_class={"interactive": {"attainment": 0.97}})
-        st.finish_run(a, "done", True)
-        b = st.start_run(exp, "B", 0, 1, 0, st.deployment_config(plan, "B"))
-        st.record_point(b, seq=0, window_start_s=0, window_end_s=1, offered_rate=1.5,
-                        per_class={"interactive": {"attainment": 0.93}})
-        return exp
-
-
 def test_status_watch_redraws_in_place_without_fragments(sqlite_url: str) -> None:
     name = "watched-with-a-name-long-enough-to-matter"
-    exp = _running(sqlite_url, name)
+    exp = running_experiment(sqlite_url, quickstart_plan("quick", "sim"), name)
     with Terminal(orch_command("status", "--watch", name, "--interval", "0.1"), env=_env(sqlite_url)) as term:
         term.wait_for_text("ETA")
         # Redrawn every poll: wait for many redraws (each writes the line again).
@@ -178,7 +154,7 @@ def test_status_watch_redraws_in_place_without_fragments(sqlite_url: str) -> Non
         assert term.finish() == 0
         screen = term.display()
     # the live line is gone; the final status (and its runs) follows
-    blocks = _plan("quick", "sim").design.blocks
+    blocks = quickstart_plan("quick", "sim").design.blocks
     assert screen[0] == f"{name} (id {exp}): done, 1/{2 * blocks} valid runs", screen
     assert not any("ETA" in row for row in screen), screen
 
@@ -262,7 +238,7 @@ def test_status_lines_fold_between_words_at_80_columns(sqlite_url: str) -> None:
     reason = ("guard failed at 14.9 req/s: generator_lag (43.7 vs 25): p99 send lag 43.72 ms (bound 25.0 ms) "
               "over 13 requests")
     with Store.open(sqlite_url) as st:
-        plan = _plan("quick", "sim")
+        plan = quickstart_plan("quick", "sim")
         exp = st.create_experiment(st.register_plan(plan).id, name="folded-status")
         run = st.start_run(exp, "A", 0, 0, 0, st.deployment_config(plan, "A"))
         st.finish_run(run, "failed", False, invalid_reason=reason)

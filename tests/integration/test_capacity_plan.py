@@ -14,16 +14,10 @@ import yaml
 from orchestrator.cli.main import main
 from orchestrator.plan import load_plan_file, validate_plan
 from orchestrator.store import Store
+from tests.support.seeding import quickstart_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-
-
-def _plan(name: str, backend: str, gpu: str = "H200"):
-    data = yaml.safe_load(QUICKSTART.read_text())
-    data["name"], data["backend"] = name, backend
-    data["arms"]["A"]["gpu"] = gpu
-    return validate_plan(data)
 
 
 def _seed(url: str) -> None:
@@ -38,7 +32,7 @@ def _seed(url: str) -> None:
              ("w", "sim", "H200", "A", [5000.0] * 3)]
     with Store.open(url) as store:
         for name, backend, gpu, arm, caps in seeds:
-            plan = _plan(name, backend, gpu)
+            plan = quickstart_plan(name, backend, gpu)
             exp = store.create_experiment(store.register_plan(plan).id)
             cfg = store.deployment_config(plan, arm)
             for block, cap in enumerate(caps):

@@ -8,9 +8,7 @@ import itertools
 import math
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -27,6 +25,7 @@ from orchestrator.plan.incomplete import (
     runs_per_arm,
     shared_blocks,
 )
+from tests.support.capacity_store import CapacityStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "examples" / "sweep.yaml"
@@ -160,29 +159,6 @@ def test_sequential_looks_step_by_a_balance_unit() -> None:
 # --- bars and effects from the stored runs ---------------------------------------------------------
 
 
-class _Store:
-    """Capacities per (block, arm), one valid run each (the real store runs in the e2e test)."""
-
-    def __init__(self, caps: dict[tuple[int, str], float]) -> None:
-        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True, finished=True)
-                      for i, (b, arm) in enumerate(sorted(caps))]
-        ids = {(r.block, r.arm): r.id for r in self._runs}
-        self._caps = pd.DataFrame([{"run_id": ids[k], "class_name": "standard", "capacity": v}
-                                   for k, v in caps.items()])
-
-    def runs(self, experiment_id: int):
-        return self._runs
-
-    def guard_results(self, run_id: int):
-        return []
-
-    def capacities(self, experiment_id: int) -> pd.DataFrame:
-        return self._caps
-
-    def points(self, run_id: int) -> pd.DataFrame:
-        return pd.DataFrame()
-
-
 # ln effect of each arm against A: mns 4/16/64 x replicas 1/2 (A..F), with an interaction.
 TRUTH = {"A": 0.0, "B": 0.7, "C": 0.4, "D": 1.0, "E": 0.2, "F": 0.8}
 
@@ -198,7 +174,7 @@ def _caps(plan, drop: tuple[tuple[int, str], ...] = ()) -> dict[tuple[int, str],
 
 def test_a_bar_rests_on_the_blocks_that_run_both_its_arms_and_names_the_design() -> None:
     plan = validate_plan(incomplete())
-    (o,) = judge_experiment(_Store(_caps(plan, drop=((9, "E"),))), 1, plan)
+    (o,) = judge_experiment(CapacityStore(_caps(plan, drop=((9, "E"),))), 1, plan)
     assert o.bar.compare == "F/E" and o.blocks == [4]  # E and F share blocks 4 and 9; 9 lost its E
     assert o.dropped == {9: "arm E not run yet"}  # the blocks without the pair are never "dropped"
     assert o.judgement.estimate == pytest.approx(math.exp(TRUTH["F"] - TRUTH["E"]))
@@ -208,7 +184,7 @@ def test_a_bar_rests_on_the_blocks_that_run_both_its_arms_and_names_the_design()
 
 def test_effects_of_incomplete_blocks_cancel_the_block_effect_and_keep_what_each_block_measured() -> None:
     plan = validate_plan(incomplete())
-    clean = experiment_effects(_Store(_caps(plan)), 1, plan)
+    clean = experiment_effects(CapacityStore(_caps(plan)), 1, plan)
     assert clean is not None and clean.design == "incomplete blocks: 3 arms of 6 per block, baseline in every block"
     got = {(e.kind, e.levels): e for e in clean.effects}
     assert got[("main", ("2",))].ratio == pytest.approx(math.exp(((0.7 - 0) + (1.0 - 0.4) + (0.8 - 0.2)) / 3))
@@ -217,13 +193,13 @@ def test_effects_of_incomplete_blocks_cancel_the_block_effect_and_keep_what_each
     doc = clean.to_dict()
     assert doc["design"] == clean.design and doc["method"].startswith("intrablock least squares")
     # A block whose C has no point capacity keeps its A and B; one without A's is left out.
-    holes = experiment_effects(_Store(_caps(plan, drop=((0, "C"), (1, "A")))), 1, plan)
+    holes = experiment_effects(CapacityStore(_caps(plan, drop=((0, "C"), (1, "A")))), 1, plan)
     assert holes is not None and {e.blocks for e in holes.effects} == {9}
     assert holes.left_out == {"standard": {
         0: "no point capacity of C: left out of this block (the rest kept)",
         1: "no point capacity of A: no arm of it measured against A"}}
     # A complete sweep stores what it always has (no design, no method).
-    assert "design" not in experiment_effects(_Store(_caps(load_plan_file(SWEEP))), 1, load_plan_file(SWEEP)).to_dict()
+    assert "design" not in experiment_effects(CapacityStore(_caps(load_plan_file(SWEEP))), 1, load_plan_file(SWEEP)).to_dict()
 
 
 def test_a_sequential_incomplete_design_looks_after_whole_units_of_the_blocks_run() -> None:
@@ -231,6 +207,6 @@ def test_a_sequential_incomplete_design_looks_after_whole_units_of_the_blocks_ru
     data["bars"] = [{**data["bars"][0], "compare": "F/A"}]
     plan = validate_plan(data)
     run = {k: v for k, v in _caps(plan).items() if k[0] < 7}  # 7 blocks run: one whole unit and a part
-    (o,) = judge_experiment(_Store(run), 1, plan)
+    (o,) = judge_experiment(CapacityStore(run), 1, plan)
     assert o.look is not None and (o.look.looks, o.look.planned) == (4, 20)  # at 5, 10, 15 and 20 blocks
     assert o.look.blocks == 5 and o.blocks == [2, 4]  # the first look: F and A share blocks 2 and 4 of it

@@ -8,10 +8,8 @@ import copy
 import itertools
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
@@ -30,6 +28,7 @@ from orchestrator.control.verdicts import judge_experiment
 from orchestrator.errors import PlanError
 from orchestrator.plan import Design, load_plan_file, plan_hash, plan_warnings, validate_plan
 from orchestrator.plan.loading import canonical_json
+from tests.support.capacity_store import CapacityStore
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE = ROOT / "examples" / "three-arms.yaml"
@@ -209,26 +208,6 @@ def test_holm_covers_all_bars_whatever_pair_each_compares() -> None:
 # --- verdicts from each bar's own pair ------------------------------------------------------------
 
 
-class _Store:
-    """Capacities per (block, arm), one valid run each (the real store is in the e2e test)."""
-
-    def __init__(self, caps: dict[tuple[int, str], float]) -> None:
-        self._runs = [SimpleNamespace(id=i, block=b, arm=arm, status="done", valid=True, finished=True)
-                      for i, (b, arm) in enumerate(sorted(caps))]
-        ids = {(r.block, r.arm): r.id for r in self._runs}
-        self._caps = pd.DataFrame([{"run_id": ids[k], "class_name": "standard", "capacity": v}
-                                   for k, v in caps.items()])
-
-    def runs(self, experiment_id: int):
-        return self._runs
-
-    def guard_results(self, run_id: int):
-        return []
-
-    def capacities(self, experiment_id: int) -> pd.DataFrame:
-        return self._caps
-
-
 def test_each_bar_takes_its_ratio_from_its_own_pair_in_each_block() -> None:
     plan = load_plan_file(THREE)
     a = [100.0, 104.0, 98.0, 101.0, 99.0, 102.0]
@@ -238,7 +217,7 @@ def test_each_bar_takes_its_ratio_from_its_own_pair_in_each_block() -> None:
         caps[(blk, "B")] = x * 2.0
         caps[(blk, "C")] = x * 2.5 * (1.01 if blk % 2 else 0.99)
     caps.pop((5, "B"))  # block 5 has no valid B: bars with B drop it, C/A keeps it
-    outcomes = {o.bar.id: o for o in judge_experiment(_Store(caps), 1, plan)}
+    outcomes = {o.bar.id: o for o in judge_experiment(CapacityStore(caps), 1, plan)}
     assert outcomes["two-replicas"].blocks == [0, 1, 2, 3, 4]
     assert outcomes["h200-pair"].blocks == [0, 1, 2, 3, 4, 5]
     assert outcomes["h200-vs-h100"].blocks == [0, 1, 2, 3, 4]
