@@ -18,7 +18,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestrator.store import history, history_frame
-from orchestrator.store.models import NOT_POINT_SQL, Capacity, HistoryGroup, Run
+from orchestrator.store.models import NOT_POINT_SQL, Capacity, CapacitySummary, HistoryGroup, Run
 from orchestrator.store.types import utcnow
 
 GROUP_COLUMNS = ("group_id", "config_id", "class", *history.KEY_COLUMNS)
@@ -129,6 +129,55 @@ def capacity_runs(engine: sa.Engine, **filters: Any) -> tuple[pd.DataFrame, pd.D
             return pd.DataFrame(columns=list(GROUPS_COLUMNS)), runs
         groups = _groups(conn, np.unique(runs["group_id"].to_numpy(dtype=np.int64)))
     return groups, runs
+
+
+# What the summaries keep of every run's figures (0014), read by summarised()
+SUMMARY_FIGURES = ("n_points", "n_censored_above", "n_censored_below", "n_unconverged", "censored_above_from",
+                   "censored_below_to", "npmle_median", "median_censored", "median_low", "median_high",
+                   "median_level", "last_run_measured")
+SUMMARY_COLUMNS = ("config_id", "class", *history.KEY_COLUMNS, "runs", "points_median", "p25", "p75", "min", "max",
+                   *SUMMARY_FIGURES)
+
+
+def answers_from_summaries(filters: dict[str, Any]) -> bool:
+    """Whether the summaries hold what ``filters`` ask (all time, no observed-fingerprint
+    filter: what capacity_by_config answers from them too)."""
+    return filters.get("since_days") is None and all(filters.get(k) is None for k in history.OBSERVED_FILTERS)
+
+
+def summarised(engine: sa.Engine, **filters: Any) -> pd.DataFrame | None:
+    """The summaries of the groups capacity_runs' ``filters`` choose (all time, no observed
+    filter: answers_from_summaries), one row each (SUMMARY_COLUMNS with the configurations' and
+    workloads' columns beside, unsorted): the point estimates' statistics and every run's
+    figures. None when the summaries cannot answer for one of those groups: its figures are
+    not computed yet (``n_points`` NULL: summaries.refill), or its point estimates include a
+    zero capacity (capacity_by_config counts it, the estimator reads it as censored below: the
+    summary's quartiles are not the estimator's); the live path answers then."""
+    cs = CapacitySummary
+    config_filters, keyed = history._split({k: v for k, v in filters.items() if k != "since_days"})
+    where = [*history._config_conditions(class_column=cs.class_name, **config_filters),
+             *history._key_conditions(cs, **keyed)]
+    postgres = engine.dialect.name == "postgresql"
+    last = history._plain_time(cs.last_run_measured)
+    if postgres:  # exact epoch microseconds: one vectorised conversion instead of a datetime per row
+        last = sa.cast(sa.extract("epoch", last) * 1_000_000, sa.BigInteger)
+    stmt = (sa.select(cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in history.KEY_COLUMNS),
+                      cs.runs, cs.median.label("points_median"), cs.p25, cs.p75, cs.min, cs.max,
+                      *(getattr(cs, k) for k in SUMMARY_FIGURES[:-1]),
+                      last.label("last_run_measured"))
+            .select_from(history._needed_from(cs, cs.config_id, cs.workload_sha256, where)).where(*where))
+    with engine.connect() as conn:
+        rows, names = history._fetch(conn, stmt, postgres)
+        frame = pd.DataFrame.from_records(rows, columns=names)
+        if frame.empty:
+            return frame
+        n_points = pd.to_numeric(frame["n_points"])
+        if n_points.isna().any() or (n_points != frame["runs"]).any():
+            return None
+        frame = history._attach(conn, frame)
+    frame["last_run_measured"] = (pd.to_datetime(frame["last_run_measured"], unit="us", utc=True) if postgres
+                                  else pd.to_datetime(frame["last_run_measured"], utc=True))
+    return frame
 
 
 def censored_runs(engine: sa.Engine, run_ids: list[int]) -> set[int]:
