@@ -37,7 +37,7 @@ def run_kinds(capacity: np.ndarray, censored: np.ndarray, converged: np.ndarray,
     top = np.asarray(upper, dtype=float)
     hi = np.where(np.isfinite(top), np.maximum(top, value), np.inf)
     censored = np.asarray(censored, dtype=object)
-    none = np.equal(censored, None) | np.not_equal(censored, censored)  # None, or NaN (not equal to itself)
+    none = (censored == np.array(None)) | (censored != censored)  # None, or NaN (not equal to itself)
     converged = np.asarray(converged, dtype=bool)
     point = none & converged & (value > 0)
     above = np.isin(censored, ABOVE)

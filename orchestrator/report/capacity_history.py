@@ -18,18 +18,11 @@ import pandas as pd
 from orchestrator.analysis.censored import CensoredMedian, describe_median, describe_runs
 from orchestrator.analysis.censored_groups import group_figures
 from orchestrator.store.history import BY_CONFIG_COLUMNS, KEY_COLUMNS
-from orchestrator.store.history_censored import answers_from_summaries
+from orchestrator.store.history_censored import CENSORED_COLUMNS, HISTORY_COLUMNS, answers_from_summaries
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
 
-# Beside store.history.BY_CONFIG_COLUMNS (``runs``: every valid run; ``median``: the
-# estimator's): what the runs were and the median's censoring and interval.
-CENSORED_COLUMNS = (
-    "n_points", "n_censored_above", "n_censored_below", "n_unconverged", "censored_above_from",
-    "censored_below_to", "median_censored", "median_low", "median_high", "median_level",
-)
-HISTORY_COLUMNS = (*BY_CONFIG_COLUMNS, *CENSORED_COLUMNS)
 _GROUP = ["config_id", "class", *KEY_COLUMNS]
 _FIRST = [c for c in BY_CONFIG_COLUMNS if c not in (*_GROUP, "runs", "median", "p25", "p75", "min", "max", "spread",
                                                     "last_measured")]
@@ -67,7 +60,7 @@ def capacity_history(store: Store, **filters: Any) -> pd.DataFrame:
     if answers_from_summaries(filters):
         kept = store.summarised_history(**filters)
         if kept is not None:
-            return _from_summaries(kept)
+            return kept
     return capacity_history_live(store, **filters)
 
 
@@ -86,30 +79,6 @@ def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.sort_values(["class", "median", "config_id", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
                                "simulated"], ascending=[True, False, True, True, True, True, True, True], kind="stable")
     return frame[list(HISTORY_COLUMNS)].reset_index(drop=True)
-
-
-def _from_summaries(kept: pd.DataFrame) -> pd.DataFrame:
-    """capacity_history's frame from the summaries' rows (store.summarised_history): the same
-    columns, values and types as the live path's."""
-    if kept.empty:
-        return pd.DataFrame(columns=list(HISTORY_COLUMNS))
-    counts = {c: kept[c].to_numpy(dtype=np.int64) for c in ("n_points", "n_censored_above", "n_censored_below",
-                                                           "n_unconverged")}
-    number = {c: pd.to_numeric(kept[c]).to_numpy(dtype=float) for c in (
-        "points_median", "p25", "p75", "min", "max", "censored_above_from", "censored_below_to", "npmle_median",
-        "median_low", "median_high", "median_level")}
-    mid, p25, p75 = number["points_median"], number["p25"], number["p75"]
-    censored = kept["median_censored"].astype(object)
-    frame = kept[[*_GROUP, *_FIRST]].assign(
-        runs=sum(counts.values()), median=number["npmle_median"],
-        **{c: number[c] for c in ("p25", "p75", "min", "max")},
-        spread=np.where(~np.isnan(mid) & (mid != 0), (p75 - p25) / np.where(mid != 0, mid, 1.0), np.nan),
-        last_measured=kept["last_run_measured"], **counts,
-        **{c: number[c] for c in ("censored_above_from", "censored_below_to", "median_low", "median_high",
-                                  "median_level")},
-        median_censored=censored.where(censored.notna(), None),
-    )
-    return _sorted(frame)
 
 
 def runs_text(row: Mapping[str, Any]) -> str:

@@ -15,9 +15,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display: reports are written on servers and in CI
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from orchestrator.analysis.censored import describe_median  # noqa: E402
 from orchestrator.report.data import ExperimentData, class_value, server_series  # noqa: E402

@@ -56,8 +56,8 @@ class HistoryQueries:
         return history_censored.capacity_runs(self.engine, **filters)
 
     def summarised_history(self, **filters: Any) -> pd.DataFrame | None:
-        """See history_censored.summarised."""
-        return history_censored.summarised(self.engine, **filters)
+        """See history_censored.from_summaries."""
+        return history_censored.from_summaries(self.engine, **filters)
 
     def censored_runs(self, run_ids: list[int]) -> set[int]:
         """See history_censored.censored_runs."""

@@ -34,7 +34,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _stats(values: list[float], stamps: list[datetime | None]) -> dict[str, object]:
+def _stats(values: list[float], stamps: Sequence[datetime | None]) -> dict[str, object]:
     values = sorted(values)
     known = [t for t in stamps if t is not None]
     return {

@@ -101,8 +101,8 @@ def test_a_runtime_role_granted_before_0012_appends_to_the_chain(pg_url: str) ->
     granted before it still finishes runs (each sealed) after the upgrade."""
     import uuid
 
-    from tests.support.runtime_role import grants_at
     from orchestrator.store.database import create_engine, upgrade
+    from tests.support.runtime_role import grants_at
 
     engine = create_engine(pg_url)
     upgrade(engine, "0011")

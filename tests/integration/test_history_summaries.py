@@ -20,7 +20,13 @@ from alembic import command
 from orchestrator.report import capacity_history as ch
 from orchestrator.report.capacity_history import capacity_history, capacity_history_live
 from orchestrator.store import Store
-from orchestrator.store.database import alembic_config, current_revision, downgrade, head_revision, upgrade
+from orchestrator.store.database import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
 from tests.integration import test_history_censored as censored
 from tests.integration import test_history_groups as groups
 from tests.support.runtime_role import grants_at
