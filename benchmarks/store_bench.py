@@ -286,7 +286,7 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
         "capacity every run model+gpu+class": lambda: capacity_history(store, model="qwen3-8b", gpu="H200",
                                                                        service_class="interactive"),
         "capacity every run layout --since 90": lambda: capacity_history(store, layout="disaggregated", since_days=90),
-        "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent"),
+        "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent", every_run=True),
         # orch capacity plan
         "capacity plan ranking (sizing)": sizing,
         "capacity plan fallback (model+class)": lambda: store.capacity_by_config(model="qwen3-8b", service_class="interactive"),
@@ -352,8 +352,9 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
             print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
     censored = censored_history(store, args.repeat)
     worst = max((p95 for _, p95 in latencies.values()), default=float("nan"))
-    print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
-          f"{parallel_rate:,.0f} rows/s ({args.writers} writers)", flush=True)
+    if latencies or args.requests:
+        print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
+              f"{parallel_rate:,.0f} rows/s ({args.writers} writers)", flush=True)
     store.close()
     return {"settings": settings, "requests": n_req, "runs": n_runs, "copy": copy_rate, "parallel": parallel_rate,
             "orm": orm_rate, "core": core_rate, "latencies": latencies, "worst": worst, "censored": censored}
@@ -413,6 +414,8 @@ def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
     print(f"  {'figure':<44}" + "".join(f"{n:>14}" for n in names))
     for key, label in (("copy", "COPY rows/s, one writer"), ("parallel", f"COPY rows/s, {writers} writers"),
                        ("orm", "ORM rows/s"), ("core", "Core executemany rows/s")):
+        if not any(results[n][key] for n in names):  # --requests 0: no ingest measured
+            continue
         print(f"  {label:<44}" + "".join(f"{float(results[n][key]):>14,.0f}" for n in names))  # type: ignore[arg-type]
     first = results[names[0]]["latencies"]
     for q in first:  # type: ignore[union-attr]
@@ -421,7 +424,8 @@ def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
         for path in ("summaries", "by_config", "live"):
             label = f"p50 ms every run {case}, {path}"
             print(f"  {label:<44}" + "".join(f"{results[n]['censored'][case][path]:>14.1f}" for n in names))  # type: ignore[index]
-    print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
+    if first:
+        print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
 
 
 def main() -> int:
