@@ -18,7 +18,11 @@ import pandas as pd
 from orchestrator.analysis.censored import CensoredMedian, describe_median, describe_runs
 from orchestrator.analysis.censored_groups import group_figures
 from orchestrator.store.history import BY_CONFIG_COLUMNS, KEY_COLUMNS
-from orchestrator.store.history_censored import CENSORED_COLUMNS, HISTORY_COLUMNS, answers_from_summaries
+from orchestrator.store.history_censored import (
+    CENSORED_COLUMNS,
+    HISTORY_COLUMNS,
+    answers_from_summaries,
+)
 
 if TYPE_CHECKING:
     from orchestrator.store import Store

@@ -212,7 +212,7 @@ def _columns_of_summaries(conn: sa.Connection, src: Any) -> pd.DataFrame | bool 
     of groups: no Python object per value, no pandas sort): the frame; False when the
     summaries cannot answer; None when the columnar fetch cannot carry a value (a separator in
     a text: the caller fetches rows)."""
-    nan = sa.literal_column("'NaN'::float8")
+    nan: Any = sa.literal_column("'NaN'::float8")
     kinds = {"config_id": "int8", "class": "text", "workload_sha256": "text", "ttft_ms": "float8", "tpot_ms": "float8",
              "backend": "text", "simulated": "bool", "runs": "int8", **dict.fromkeys(_COUNTS, "int8"),
              **dict.fromkeys(_NUMBERS, "float8"), "median_censored": "text", "last_run_measured": "time"}
