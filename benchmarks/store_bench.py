@@ -14,6 +14,14 @@ measures one after the other, each on a fresh private cluster in a temporary fol
 (an empty PostgreSQL database) it measures that server only, under whatever it is set to.
 Not part of `make test`; it prints figures (targets: ingest >= 200,000 rows/s; issue 20: every
 history query p95 < 20 ms over 50,000 runs / 10 M requests).
+
+`orch capacity` over every valid run (issue 32) is timed on its summary path (migration 0014)
+side by side with the point-only capacity_by_config (the peer) and its live path, in one
+interleaved loop, medians and ratios printed. ``--censored`` (default 0.05) is the share of
+capacities seeded censored or unconverged; ``--requests 0`` skips the request rows and ingest
+(history queries do not read them); ``--queries censored`` times only that comparison:
+
+    .venv/bin/python benchmarks/store_bench.py --requests 0 --settings durable --queries censored
 """
 
 from __future__ import annotations
@@ -92,12 +100,30 @@ def registrations(store: Store) -> list[int]:
     return out
 
 
-def seed_history(store: Store, runs: int, points: int) -> tuple[list[int], list[dict[str, object]]]:
+def censoring(rng: random.Random, share: float, capacity: float) -> dict[str, object]:
+    """A capacity's censoring: a point, or with probability ``share`` a censored or unconverged
+    one (3/5 censored above the search's range, 1/5 below its lowest rate with the bound it
+    found, 1/5 an unconverged bracket), drawn from its own generator (``share`` 0 draws
+    nothing: the history of the benchmark before issue 32)."""
+    if not share or (u := rng.random()) >= share:
+        return {}
+    u /= share
+    if u < 0.6:
+        return {"censored": "above_max"}
+    if u < 0.8:
+        return {"capacity": 0.0, "censored": "below_min", "upper": capacity / 2}
+    return {"converged": False, "upper": capacity * 1.3}
+
+
+def seed_history(store: Store, runs: int, points: int,
+                 censored: float = 0.0) -> tuple[list[int], list[dict[str, object]]]:
     """Configurations, experiments (over eight registrations), runs (5% invalid), three
-    capacities per run, load points. The runs are seeded running (no point or record may be
-    added to a finished run: migration 0011); ``finish_runs`` ends them, with the returned
-    end times, once the records are in."""
+    capacities per run (a ``censored`` share of them censored or unconverged: censoring()),
+    load points. The runs are seeded running (no point or record may be added to a finished
+    run: migration 0011); ``finish_runs`` ends them, with the returned end times, once the
+    records are in."""
     rng = random.Random(1)
+    crng = random.Random(4)
     regs = registrations(store)
     now = utcnow()
     configs = []
@@ -136,8 +162,9 @@ def seed_history(store: Store, runs: int, points: int) -> tuple[list[int], list[
         s.execute(sa.insert(Run), run_rows)
         run_ids = s.scalars(sa.select(Run.id).order_by(Run.id)).all()
         s.execute(sa.insert(Capacity), [
-            dict(run_id=r, class_name=c, capacity=rng.lognormvariate(8, 0.5), at_rate=4.0, attainment=0.92, points_used=6)
-            for r in run_ids for c in CLASSES])
+            {"run_id": r, "class_name": c, "capacity": cap, "at_rate": 4.0, "attainment": 0.92, "points_used": 6,
+             "censored": None, "converged": True, "upper": None, **censoring(crng, censored, cap)}
+            for r in run_ids for c in CLASSES for cap in (rng.lognormvariate(8, 0.5),)])
         # six points per run (a search's ladder of rates), each with a throughput and a median
         # TPOT: what `orch capacity --pareto` reads
         s.execute(sa.insert(LoadPoint), [
@@ -259,7 +286,7 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
         "capacity every run model+gpu+class": lambda: capacity_history(store, model="qwen3-8b", gpu="H200",
                                                                        service_class="interactive"),
         "capacity every run layout --since 90": lambda: capacity_history(store, layout="disaggregated", since_days=90),
-        "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent"),
+        "capacity --plot trend (config+class)": lambda: store.config_trend(some_config, "agent", every_run=True),
         # orch capacity plan
         "capacity plan ranking (sizing)": sizing,
         "capacity plan fallback (model+class)": lambda: store.capacity_by_config(model="qwen3-8b", service_class="interactive"),
@@ -280,17 +307,19 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
     print(f"server settings: {settings}", flush=True)
     points = -(-args.requests // args.per_point) + 1
     t0 = time.perf_counter()
-    point_ids, ends = seed_history(store, args.runs, points)
-    print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities, {points:,} points "
-          f"in {time.perf_counter() - t0:.1f} s", flush=True)
-    records = point_records(args.per_point, seed=2)
-    single = min(args.single, args.requests)
-    copy_rate = bench_copy(store, point_ids[1:], records, single)
-    used = 1 + -(-single // len(records))
-    parallel_rate = bench_copy_parallel(store, point_ids[used:], records, args.requests - single,
-                                        args.writers) if args.requests > single else 0.0
-    orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
-                                    else point_records(args.orm_rows, seed=3))
+    point_ids, ends = seed_history(store, args.runs, points, args.censored)
+    print(f"seeded {args.runs:,} runs, {3 * args.runs:,} capacities ({args.censored:.0%} censored or unconverged), "
+          f"{points:,} points in {time.perf_counter() - t0:.1f} s", flush=True)
+    copy_rate = parallel_rate = orm_rate = core_rate = 0.0
+    if args.requests:
+        records = point_records(args.per_point, seed=2)
+        single = min(args.single, args.requests)
+        copy_rate = bench_copy(store, point_ids[1:], records, single)
+        used = 1 + -(-single // len(records))
+        parallel_rate = bench_copy_parallel(store, point_ids[used:], records, args.requests - single,
+                                            args.writers) if args.requests > single else 0.0
+        orm_rate, core_rate = bench_orm(store, point_ids[0], records[: args.orm_rows] if args.orm_rows <= len(records)
+                                        else point_records(args.orm_rows, seed=3))
     t0 = time.perf_counter()  # the records are in: the runs finish, and the derived keys and summaries are rebuilt
     finish_runs(store, ends)
     groups = store.rebuild_capacity_summaries()
@@ -306,25 +335,76 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
         conn.execute(sa.text("vacuum (analyze)"))
         print(f"vacuum (analyze) after the load: {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"\nhistory: {n_req:,} request rows, {n_runs:,} runs")
-    print("\ningest, rows/s (same records)")
-    print(f"  COPY (store.ingest_requests, {args.per_point}/call): {copy_rate:>12,.0f}   target >= 200,000")
-    if parallel_rate:
-        print(f"  COPY, {args.writers} writers at once:              {parallel_rate:>12,.0f}")
-    print(f"  ORM add_all + commit:                    {orm_rate:>12,.0f}   ({copy_rate / orm_rate:.0f}x slower)")
-    print(f"  Core executemany (insertmanyvalues):      {core_rate:>12,.0f}   ({copy_rate / core_rate:.1f}x slower)")
-    print(f"\nhistory queries, ms over {args.repeat} repeats (target p95 < 20)")
-    print(f"  {'query':<40} {'p50':>8} {'p95':>8} {'rows':>6}")
+    if args.requests:
+        print("\ningest, rows/s (same records)")
+        print(f"  COPY (store.ingest_requests, {args.per_point}/call): {copy_rate:>12,.0f}   target >= 200,000")
+        if parallel_rate:
+            print(f"  COPY, {args.writers} writers at once:              {parallel_rate:>12,.0f}")
+        print(f"  ORM add_all + commit:                    {orm_rate:>12,.0f}   ({copy_rate / orm_rate:.0f}x slower)")
+        print(f"  Core executemany (insertmanyvalues):      {core_rate:>12,.0f}   ({copy_rate / core_rate:.1f}x slower)")
     latencies: dict[str, tuple[float, float]] = {}
-    for name, fn in history_queries(store).items():
-        p50, p95, rows = latency(fn, args.repeat)
-        latencies[name] = (p50, p95)
-        print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
-    worst = max(p95 for _, p95 in latencies.values())
-    print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
-          f"{parallel_rate:,.0f} rows/s ({args.writers} writers)", flush=True)
+    if args.queries == "all":
+        print(f"\nhistory queries, ms over {args.repeat} repeats (target p95 < 20)")
+        print(f"  {'query':<40} {'p50':>8} {'p95':>8} {'rows':>6}")
+        for name, fn in history_queries(store).items():
+            p50, p95, rows = latency(fn, args.repeat)
+            latencies[name] = (p50, p95)
+            print(f"  {name:<40} {p50:>8.1f} {p95:>8.1f} {rows:>6}", flush=True)
+    censored = censored_history(store, args.repeat)
+    worst = max((p95 for _, p95 in latencies.values()), default=float("nan"))
+    if latencies or args.requests:
+        print(f"\nworst p95 {worst:.1f} ms; ingest {copy_rate:,.0f} rows/s (one writer), "
+              f"{parallel_rate:,.0f} rows/s ({args.writers} writers)", flush=True)
     store.close()
     return {"settings": settings, "requests": n_req, "runs": n_runs, "copy": copy_rate, "parallel": parallel_rate,
-            "orm": orm_rate, "core": core_rate, "latencies": latencies, "worst": worst}
+            "orm": orm_rate, "core": core_rate, "latencies": latencies, "worst": worst, "censored": censored}
+
+
+def censored_history(store: Store, repeat: int) -> dict[str, dict[str, float]]:
+    """`orch capacity`'s table from every valid run (report.capacity_history) on its summary path
+    (all time: one summary row per group, migration 0014) side by side with the point-only
+    capacity_by_config it replaced there (the named peer), and the live path it takes otherwise
+    (every capacity of the groups: what it read for all time before 0014), interleaved in one
+    loop (each repeat runs the three in a rotated order, so load from other work falls on all of
+    them alike); medians in ms and the ratios. Checks first that the summaries answer each query
+    and equal the live path there."""
+    import pandas as pd
+
+    from orchestrator.report.capacity_history import capacity_history, capacity_history_live
+
+    sig = store.workload_signatures()[0]["sha256"]
+    cases: dict[str, dict[str, object]] = {
+        "unfiltered": {}, "model+gpu+class": {"model": "qwen3-8b", "gpu": "H200", "service_class": "interactive"},
+        "workload+measured": {"workload": sig[:8], "simulated": False},
+    }
+    print(f"\n`orch capacity` over every valid run (issue 32), ms, median of {repeat} interleaved repeats")
+    print(f"  {'filters':<20} {'summaries':>10} {'by_config':>10} {'ratio':>7} {'live':>9} {'live/summ':>9} {'rows':>6}")
+    out: dict[str, dict[str, float]] = {}
+    for name, filters in cases.items():
+        if store.summarised_history(**filters) is None:
+            raise SystemExit(f"{name}: the summaries do not answer it")
+        pd.testing.assert_frame_equal(capacity_history(store, **filters), capacity_history_live(store, **filters))
+        fns: dict[str, Callable[[], object]] = {
+            "summaries": lambda f=filters: capacity_history(store, **f),
+            "by_config": lambda f=filters: store.capacity_by_config(**f),
+            "live": lambda f=filters: capacity_history_live(store, **f),
+        }
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        rows = len(fns["summaries"]())  # type: ignore[arg-type]
+        for k in fns:  # warm the plan cache and the buffer cache
+            fns[k]()
+        order = list(fns)
+        for i in range(repeat):
+            for k in order[i % 3:] + order[:i % 3]:
+                t0 = time.perf_counter()
+                fns[k]()
+                times[k].append((time.perf_counter() - t0) * 1000)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out[name] = med
+        print(f"  {name:<20} {med['summaries']:>10.1f} {med['by_config']:>10.1f} "
+              f"{med['summaries'] / med['by_config']:>6.2f}x {med['live']:>9.1f} "
+              f"{med['live'] / med['summaries']:>8.1f}x {rows:>6}", flush=True)
+    return out
 
 
 def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
@@ -334,11 +414,18 @@ def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
     print(f"  {'figure':<44}" + "".join(f"{n:>14}" for n in names))
     for key, label in (("copy", "COPY rows/s, one writer"), ("parallel", f"COPY rows/s, {writers} writers"),
                        ("orm", "ORM rows/s"), ("core", "Core executemany rows/s")):
+        if not any(results[n][key] for n in names):  # --requests 0: no ingest measured
+            continue
         print(f"  {label:<44}" + "".join(f"{float(results[n][key]):>14,.0f}" for n in names))  # type: ignore[arg-type]
     first = results[names[0]]["latencies"]
     for q in first:  # type: ignore[union-attr]
         print(f"  {'p95 ms ' + q:<44}" + "".join(f"{results[n]['latencies'][q][1]:>14.1f}" for n in names))  # type: ignore[index]
-    print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
+    for case in results[names[0]]["censored"]:  # type: ignore[union-attr]
+        for path in ("summaries", "by_config", "live"):
+            label = f"p50 ms every run {case}, {path}"
+            print(f"  {label:<44}" + "".join(f"{results[n]['censored'][case][path]:>14.1f}" for n in names))  # type: ignore[index]
+    if first:
+        print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
 
 
 def main() -> int:
@@ -352,6 +439,10 @@ def main() -> int:
     ap.add_argument("--writers", type=int, default=2, help="concurrent writers for the remaining rows")
     ap.add_argument("--settings", choices=("both", "durable", "fast"), default="both",
                     help="private servers to measure: PostgreSQL's durable defaults, the tests' fast settings, or both")
+    ap.add_argument("--censored", type=float, default=0.05,
+                    help="share of capacities censored or unconverged (0: the history before issue 32)")
+    ap.add_argument("--queries", choices=("all", "censored"), default="all",
+                    help="every history query, or only `orch capacity` over every run against capacity_by_config")
     args = ap.parse_args()
 
     url = os.environ.get("ORCH_BENCH_DATABASE_URL")

@@ -194,7 +194,8 @@ def capacity(
         rows = [{k: _cell(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
         doc: dict[str, Any] = {"filters": {k: v for k, v in filters.items() if v is not None}, "rows": rows}
         if plot is not None:
-            doc["plot"] = str(drawn.resolve()) if drawn else None
+            doc["plot"] = str(drawn.path.resolve()) if drawn else None
+            doc["plotted_runs"] = drawn.runs if drawn else {}
         emit_json(doc)
         return
     if frame.empty:
@@ -202,7 +203,8 @@ def capacity(
         return
     _print_table(frame, wide)
     if drawn is not None:
-        say(f"capacity over time: {drawn.resolve()}")
+        say(f"capacity over time ({drawn.describe()}; dashed: each group's median of every run): "
+            f"{drawn.path.resolve()}")
 
 
 def _print_pareto(filters: dict[str, Any], as_json: bool, plot: Path | None = None, wide: bool = False,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
+from orchestrator.analysis.censored_groups import run_kinds
 from orchestrator.report import plots
 
 if TYPE_CHECKING:
@@ -17,10 +20,21 @@ if TYPE_CHECKING:
 TREND_KEYS = ("workload_sha256", "ttft_ms", "tpot_ms", "backend", "simulated")
 
 
+TREND_COLUMNS = ("measured_at", "run_id", "experiment", "class", "capacity", "at_rate", "attainment",
+                 "engine_version", "censored", "converged", "upper", "config_id", "label", "kind", "bound", "bound_high",
+                 "median", "median_censored")
+KINDS = ("point", "above", "below", "unconverged")
+
+
 def capacity_trends(store: Store, by_config: pd.DataFrame, since_days: float | None = None) -> pd.DataFrame:
     """Run-by-run capacity of every comparable group in ``by_config`` (rows of
-    store.capacity_by_config: configuration, class, workload, limits, backend, simulated), oldest
-    first, with the configuration's label (marked when simulated) beside it."""
+    report.capacity_history or store.capacity_by_config: configuration, class, workload, limits,
+    backend, simulated), every valid run, oldest first (TREND_COLUMNS): the configuration's label
+    (marked when simulated), each run's ``kind`` (analysis.censored: point, above, below,
+    unconverged) and ``bound``, where its marker goes (a point's value, the lower end of a run
+    censored above or unconverged, the upper end of one censored below; NaN: no finite end to
+    draw), ``bound_high`` (an unconverged bracket's upper end, NaN: unbounded), and the group's
+    ``median`` and ``median_censored`` (NaN and None from a frame without them)."""
     parts = []
     keys = [k for k in TREND_KEYS if k in by_config.columns]
     for group_key, g in by_config.groupby(["config_id", "class", *keys], sort=True):
@@ -34,25 +48,54 @@ def capacity_trends(store: Store, by_config: pd.DataFrame, since_days: float | N
         for k in ("ttft_ms", "tpot_ms", "backend"):
             if filters.get(k):
                 found[k] = filters[k]
-        trend = store.config_trend(int(config_id), cls, since_days, **found)
+        trend = store.config_trend(int(config_id), cls, since_days, every_run=True, **found)
         if not trend.empty:
             label = g["label"].iloc[0] + (" [simulated]" if found.get("simulated") else "")
             if "workload" in g.columns and isinstance(g["workload"].iloc[0], str) and by_config["workload_sha256"].nunique() > 1:
                 label += f" | {g['workload'].iloc[0]}"  # several workloads drawn: say which line is which
-            parts.append(trend.assign(config_id=int(config_id), label=label))
+            censored = g["median_censored"].iloc[0] if "median_censored" in g.columns else None
+            parts.append(trend.assign(config_id=int(config_id), label=label, median=float(g["median"].iloc[0]),
+                                      median_censored=censored if isinstance(censored, str) else None))
     if not parts:
-        return pd.DataFrame(columns=["measured_at", "run_id", "experiment", "class", "capacity",
-                                     "at_rate", "attainment", "engine_version", "config_id", "label"])
-    return pd.concat(parts, ignore_index=True)
+        return pd.DataFrame(columns=list(TREND_COLUMNS))
+    trends = pd.concat(parts, ignore_index=True)
+    upper = pd.to_numeric(trends["upper"], errors="coerce").to_numpy(dtype=float)
+    lower, upper_end, kind = run_kinds(trends["capacity"].to_numpy(dtype=float), trends["censored"].to_numpy(dtype=object),
+                                       trends["converged"].to_numpy(dtype=bool), upper)
+    bound = np.where(kind == 2, upper_end, lower)
+    return trends.assign(
+        kind=np.array(KINDS, dtype=object)[kind], bound=np.where(np.isfinite(bound), bound, np.nan),
+        bound_high=np.where((kind == 3) & np.isfinite(upper_end), upper_end, np.nan),
+    )[list(TREND_COLUMNS)]
+
+
+@dataclass(frozen=True)
+class HistoryPlot:
+    """A capacity-over-time plot written: its path and the runs drawn by kind (KINDS)."""
+
+    path: Path
+    runs: dict[str, int]
+
+    def describe(self) -> str:
+        """``9 runs drawn: 3 points, 3 censored above, ...``"""
+        names = {"point": "point", "above": "censored above", "below": "censored below", "unconverged": "unconverged"}
+        parts = [f"{n} {names[k]}" + ("s" if k == "point" and n != 1 else "") for k, n in self.runs.items() if n]
+        return f"{sum(self.runs.values())} run(s) drawn: " + ", ".join(parts)
 
 
 def plot_capacity_history(store: Store, by_config: pd.DataFrame, path: str | Path,
-                          since_days: float | None = None) -> Path | None:
-    """Draw capacity over time per comparable group into ``path`` (PNG); None when no valid run
-    matches."""
+                          since_days: float | None = None) -> HistoryPlot | None:
+    """Draw capacity over time per comparable group into ``path`` (PNG): every valid run, a
+    censored one as the bound it is, and each group's median (report.plots.capacity_history);
+    None when no valid run matches."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    return plots.capacity_history(capacity_trends(store, by_config, since_days), out)
+    trends = capacity_trends(store, by_config, since_days)
+    written = plots.capacity_history(trends, out)
+    if written is None:
+        return None
+    drawn = trends[trends["bound"].notna()]
+    return HistoryPlot(written, {k: int((drawn["kind"] == k).sum()) for k in KINDS})
 
 
 # -- sizing: what history says it takes to serve a rate (`orch capacity plan`) ----------------

@@ -17,7 +17,9 @@ matplotlib.use("Agg")  # no display: reports are written on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
+from orchestrator.analysis.censored import describe_median  # noqa: E402
 from orchestrator.report.data import ExperimentData, class_value, server_series  # noqa: E402
 
 if TYPE_CHECKING:
@@ -201,18 +203,56 @@ def server_metrics(data: ExperimentData, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+# How capacity_history draws a run of each kind (analysis.censored): the marker and the
+# legend's words for it.
+RUN_MARKERS = {"point": ("o", "point estimate"), "above": ("^", "lower bound: censored above (capacity >= marker)"),
+               "below": ("v", "upper bound: censored below (capacity <= marker)"),
+               "unconverged": ("_", "unconverged: within the bar (^ without an upper end)")}
+
+
 def capacity_history(trends: pd.DataFrame, path: Path) -> Path | None:
-    """Capacity over time per configuration and class (``trends``: config_trend rows with a
-    ``label`` column)."""
-    if trends.empty:
+    """Capacity over time per comparable group (``trends``: report.history.capacity_trends' rows):
+    its point estimates joined by a line, a run censored above as an upward marker at its lower
+    bound, one censored below as a downward marker at its upper bound, an unconverged one as a
+    bar over its bracket, and the group's median of every run (the NPMLE's) as a dashed line
+    labelled with its value (``>= x`` when censored). Runs with no finite bound are not drawn."""
+    drawn = trends[trends["bound"].notna()] if "bound" in trends.columns else trends.iloc[:0]
+    if drawn.empty:
         return None
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    for (label, cls), g in trends.groupby(["label", "class"], sort=True):
+    fig, ax = plt.subplots(figsize=(11, 5.5 + 0.15 * min(drawn.groupby(["label", "class"]).ngroups, 24)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ((label, cls), g) in enumerate(drawn.groupby(["label", "class"], sort=True)):
+        color = colors[i % len(colors)]
         g = g.sort_values("measured_at")
-        ax.plot(pd.to_datetime(g.measured_at), g.capacity, marker="o", label=f"{label} [{cls}]")
+        when = pd.to_datetime(g["measured_at"])
+        points = (g["kind"] == "point").to_numpy()
+        ax.plot(when[points], g["bound"][points], marker="o", color=color, label=f"{label} [{cls}]")
+        open_top = (g["kind"] == "unconverged").to_numpy() & g["bound_high"].isna().to_numpy()
+        for kind in ("above", "below"):
+            at = (g["kind"] == kind).to_numpy() | (open_top if kind == "above" else False)
+            ax.scatter(when[at], g["bound"][at], marker=RUN_MARKERS[kind][0], s=60, color=color, zorder=3)
+        bracket = (g["kind"] == "unconverged").to_numpy() & ~open_top
+        if bracket.any():
+            ax.vlines(when[bracket], g["bound"][bracket], g["bound_high"][bracket], color=color, lw=2)
+            for end in ("bound", "bound_high"):
+                ax.scatter(when[bracket], g[end][bracket], marker="_", s=80, color=color)
+        median = float(g["median"].iloc[0])
+        if math.isfinite(median):
+            censored = g["median_censored"].iloc[0]
+            ax.hlines(median, when.min(), when.max(), colors=color, linestyles="--", lw=1.2)
+            ax.annotate(f"median {describe_median(median, censored if isinstance(censored, str) else None)}",
+                        (when.max(), median), xytext=(4, 2), textcoords="offset points", fontsize=7, color=color)
     ax.set_ylabel("capacity, goodput tok/s (valid runs)")
     ax.set_xlabel("measured")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
     fig.autofmt_xdate()
+    # below the axes, where no run is hidden: the groups (a color each), and what a marker means
+    groups = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.22), title_fontsize=7,
+                       title="group (dashed: median of every run)")
+    ax.add_artist(groups)
+    kinds = [k for k in RUN_MARKERS if (drawn["kind"] == k).any()]
+    ax.legend([Line2D([], [], color="black", marker="$I$" if k == "unconverged" else RUN_MARKERS[k][0],
+                      ls="-" if k == "point" else "") for k in kinds],
+              [RUN_MARKERS[k][1] for k in kinds], fontsize=7, loc="upper right", bbox_to_anchor=(1.0, -0.22),
+              title="run", title_fontsize=7)
     return _save(fig, path)

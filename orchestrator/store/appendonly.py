@@ -65,7 +65,10 @@ RUNTIME_UPDATE = {
     "capacities": ("capacity", "at_rate", "attainment", "points_used", "censored", "converged", "upper",
                    "config_id", "counted", "measured_at", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
                    "simulated", "observed_gpu", "observed_engine", "group_id"),
-    "capacity_summaries": ("runs", "median", "p25", "p75", "min", "max", "last_measured"),
+    "capacity_summaries": ("runs", "median", "p25", "p75", "min", "max", "last_measured", "n_points",
+                           "n_censored_above", "n_censored_below", "n_unconverged", "censored_above_from",
+                           "censored_below_to", "npmle_median", "median_censored", "median_low", "median_high",
+                           "median_level", "last_run_measured"),
 }
 CAPACITY_FIELDS = ("class_name", "capacity", "at_rate", "attainment", "points_used", "censored",
                    "converged", "upper")

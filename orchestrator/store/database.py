@@ -162,9 +162,15 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
     A SQLite file is migrated under an exclusive lock on a file beside it, so processes that
     open a new database at once (six `orch status` on first use) migrate it one after another:
     the first migrates, the rest find it at the revision already (alembic then does nothing).
-    PostgreSQL migrations run in one transaction with its own locks."""
+    PostgreSQL migrations run in one transaction with its own locks. At the head, the capacity
+    summaries' figures a revision left uncomputed (0014: the estimator is orchestrator code, which
+    a revision does not import) are computed then (summaries.refill; nothing to do otherwise)."""
     with _sqlite_migration_lock(engine):
         command.upgrade(alembic_config(engine), revision)
+        if revision in ("head", head_revision()):
+            from orchestrator.store import summaries  # imports the models: the head's schema only
+
+            summaries.refill(engine)
 
 
 @contextlib.contextmanager

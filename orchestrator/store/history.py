@@ -131,12 +131,12 @@ def _split(filters: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return filters, keyed
 
 
-def _conditions(since_days: float | None = None, **filters: Any) -> list[sa.ColumnElement[bool]]:
+def _conditions(since_days: float | None = None, every_run: bool = False, **filters: Any) -> list[sa.ColumnElement[bool]]:
     """WHERE clauses of the live aggregate: valid finished runs' point estimates (no censored
-    or unconverged capacity), the filters, the time range."""
+    or unconverged capacity; ``every_run``: those too), the filters, the time range."""
     filters, keyed = _split(filters)
-    out = [Run.valid.is_(True), Run.status == "done", *point_estimate(), *_config_conditions(**filters),
-           *_key_conditions(Capacity, **keyed)]
+    out = [Run.valid.is_(True), Run.status == "done", *(() if every_run else point_estimate()),
+           *_config_conditions(**filters), *_key_conditions(Capacity, **keyed)]
     if since_days is not None:
         out.append(Run.finished_at >= utcnow() - timedelta(days=since_days))
     return out
@@ -314,10 +314,12 @@ def _finish(frame: pd.DataFrame, min_runs: int, order: str, limit: int | None, s
 
 
 def _summaries_stmt(filters: dict[str, Any]) -> Any:
-    """The summaries' rows matching ``filters`` (a subquery of the per-group statistics)."""
+    """The summaries' rows matching ``filters`` (a subquery of the per-group statistics) that have
+    a point estimate (a group of censored runs only has a row since 0014, for capacity_history)."""
     cs = CapacitySummary
     filters, keyed = _split(filters)
     where = [*_config_conditions(class_column=cs.class_name, **filters), *_key_conditions(cs, **keyed)]
+    where.append(cs.runs > 0)
     return (
         sa.select(
             cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in KEY_COLUMNS),
@@ -490,16 +492,20 @@ def best_config(
 
 def config_trend(
     engine: sa.Engine, config_id: int, service_class: str | None = None, since_days: float | None = None,
-    **keys: Any,
+    every_run: bool = False, **keys: Any,
 ) -> pd.DataFrame:
-    """A configuration's capacity run by run over time (valid runs only), oldest first; ``keys``:
-    the key filters of capacity_by_config (workload, simulated, backend, ttft_ms, ...)."""
-    where = _conditions(config_id=config_id, service_class=service_class, since_days=since_days, **keys)
+    """A configuration's capacity run by run over time (valid runs only: point estimates, or with
+    ``every_run`` censored and unconverged capacities too, with their ``censored``, ``converged``
+    and ``upper`` columns), oldest first; ``keys``: the key filters of capacity_by_config
+    (workload, simulated, backend, ttft_ms, ...)."""
+    where = _conditions(config_id=config_id, service_class=service_class, since_days=since_days,
+                        every_run=every_run, **keys)
+    censoring = (Capacity.censored, Capacity.converged, Capacity.upper) if every_run else ()
     stmt = (
         sa.select(
             Run.finished_at.label("measured_at"), Run.id.label("run_id"),
             Experiment.name.label("experiment"), Capacity.class_name.label("class"),
-            Capacity.capacity, Capacity.at_rate, Capacity.attainment, Run.engine_version,
+            Capacity.capacity, Capacity.at_rate, Capacity.attainment, Run.engine_version, *censoring,
         )
         .select_from(_base_from().join(Experiment, Experiment.id == Run.experiment_id).outerjoin(
             WorkloadSignatureRow, WorkloadSignatureRow.sha256 == Capacity.workload_sha256))
@@ -507,7 +513,7 @@ def config_trend(
         .order_by(Run.finished_at, Run.id, Capacity.class_name)
     )
     columns = ["measured_at", "run_id", "experiment", "class", "capacity", "at_rate", "attainment",
-               "engine_version"]
+               "engine_version", *(c.key for c in censoring)]
     with engine.connect() as conn:
         return _frame(conn.execute(stmt), columns)
 

@@ -35,9 +35,9 @@ class HistoryQueries:
         return history.best_config(self.engine, service_class, **filters)
 
     def config_trend(self, config_id: int, service_class: str | None = None, since_days: float | None = None,
-                     **keys: Any) -> pd.DataFrame:
+                     every_run: bool = False, **keys: Any) -> pd.DataFrame:
         """See history.config_trend."""
-        return history.config_trend(self.engine, config_id, service_class, since_days, **keys)
+        return history.config_trend(self.engine, config_id, service_class, since_days, every_run, **keys)
 
     def config_details(self, config_ids: list[int]) -> dict[int, dict[str, Any]]:
         """See history.config_details."""
@@ -54,6 +54,10 @@ class HistoryQueries:
     def capacity_runs(self, **filters: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
         """See history_censored.capacity_runs."""
         return history_censored.capacity_runs(self.engine, **filters)
+
+    def summarised_history(self, **filters: Any) -> pd.DataFrame | None:
+        """See history_censored.from_summaries."""
+        return history_censored.from_summaries(self.engine, **filters)
 
     def censored_runs(self, run_ids: list[int]) -> set[int]:
         """See history_censored.censored_runs."""

@@ -18,7 +18,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from orchestrator.store import history, history_frame
-from orchestrator.store.models import NOT_POINT_SQL, Capacity, HistoryGroup, Run
+from orchestrator.store.models import NOT_POINT_SQL, Capacity, CapacitySummary, HistoryGroup, Run
 from orchestrator.store.types import utcnow
 
 GROUP_COLUMNS = ("group_id", "config_id", "class", *history.KEY_COLUMNS)
@@ -129,6 +129,117 @@ def capacity_runs(engine: sa.Engine, **filters: Any) -> tuple[pd.DataFrame, pd.D
             return pd.DataFrame(columns=list(GROUPS_COLUMNS)), runs
         groups = _groups(conn, np.unique(runs["group_id"].to_numpy(dtype=np.int64)))
     return groups, runs
+
+
+# Beside history.BY_CONFIG_COLUMNS in capacity over history from every valid run (``runs``: every
+# valid run; ``median``: the estimator's): what the runs were and the median's censoring and
+# interval (report.capacity_history).
+CENSORED_COLUMNS = (
+    "n_points", "n_censored_above", "n_censored_below", "n_unconverged", "censored_above_from",
+    "censored_below_to", "median_censored", "median_low", "median_high", "median_level",
+)
+HISTORY_COLUMNS = (*history.BY_CONFIG_COLUMNS, *CENSORED_COLUMNS)
+_COUNTS = ("n_points", "n_censored_above", "n_censored_below", "n_unconverged")
+_NUMBERS = ("points_median", "p25", "p75", "min", "max", "censored_above_from", "censored_below_to", "npmle_median",
+            "median_low", "median_high", "median_level")
+
+
+def answers_from_summaries(filters: dict[str, Any]) -> bool:
+    """Whether the summaries hold what ``filters`` ask (all time, no observed-fingerprint
+    filter: what capacity_by_config answers from them too)."""
+    return filters.get("since_days") is None and all(filters.get(k) is None for k in history.OBSERVED_FILTERS)
+
+
+def from_summaries(engine: sa.Engine, **filters: Any) -> pd.DataFrame | None:
+    """report.capacity_history's frame (HISTORY_COLUMNS, its order) from the summaries of the
+    groups capacity_runs' ``filters`` choose (all time, no observed filter:
+    answers_from_summaries), one row each: every run's figures (0014: ``runs`` every valid run,
+    ``median`` the NPMLE's, ``last_measured`` the last of them all) beside the point
+    estimates' quartiles, minimum, maximum and spread. None when the summaries cannot answer
+    for one of those groups: its figures are not computed yet (``n_points`` NULL:
+    summaries.refill), or its point estimates include a zero capacity (capacity_by_config counts
+    it, the estimator reads it as censored below: the summary's quartiles are not the
+    estimator's); the live path answers then."""
+    cs = CapacitySummary
+    config_filters, keyed = history._split({k: v for k, v in filters.items() if k != "since_days"})
+    where = [*history._config_conditions(class_column=cs.class_name, **config_filters),
+             *history._key_conditions(cs, **keyed)]
+    src = (sa.select(cs.config_id, cs.class_name.label("class"), *(getattr(cs, k) for k in history.KEY_COLUMNS),
+                     cs.runs, cs.median.label("points_median"), cs.p25, cs.p75, cs.min, cs.max,
+                     *(getattr(cs, k) for k in (*_COUNTS, *_NUMBERS[5:], "median_censored")),
+                     history._plain_time(cs.last_run_measured).label("last_run_measured"))
+           .select_from(history._needed_from(cs, cs.config_id, cs.workload_sha256, where)).where(*where)
+           .subquery("kept"))
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            got = _columns_of_summaries(conn, src)
+            if isinstance(got, pd.DataFrame):
+                return got
+            if got is False:  # a group the summaries cannot answer for
+                return None
+        frame = pd.DataFrame.from_records(conn.execute(sa.select(src)).all(), columns=list(src.c.keys()))
+        if frame.empty:
+            return pd.DataFrame(columns=list(HISTORY_COLUMNS))
+        counts = {c: pd.to_numeric(frame[c]) for c in _COUNTS}
+        if counts["n_points"].isna().any() or (counts["n_points"] != frame["runs"]).any():
+            return None
+        frame = history._attach(conn, frame)
+    number = {c: pd.to_numeric(frame[c]).to_numpy(dtype=float) for c in _NUMBERS}
+    censored = frame["median_censored"].astype(object)
+    out = frame.assign(
+        simulated=frame["simulated"].astype(bool), runs=sum(c.to_numpy(dtype=np.int64) for c in counts.values()),
+        median=number["npmle_median"], **{c: number[c] for c in ("p25", "p75", "min", "max")},
+        spread=_spread(number["points_median"], number["p25"], number["p75"]),
+        last_measured=pd.to_datetime(frame["last_run_measured"], utc=True),
+        **{c: counts[c].to_numpy(dtype=np.int64) for c in _COUNTS},
+        **{c: number[c] for c in ("censored_above_from", "censored_below_to", "median_low", "median_high",
+                                  "median_level")},
+        median_censored=censored.where(censored.notna(), None),
+    )
+    out = out.sort_values(["class", "median", "config_id", "workload_sha256", "ttft_ms", "tpot_ms", "backend",
+                           "simulated"], ascending=[True, False, True, True, True, True, True, True], kind="stable")
+    return out[list(HISTORY_COLUMNS)].reset_index(drop=True)
+
+
+def _spread(mid: np.ndarray, p25: np.ndarray, p75: np.ndarray) -> np.ndarray:
+    """(p75 - p25) / the points' median (NaN without points or at a zero median)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(~np.isnan(mid) & (mid != 0), (p75 - p25) / np.where(mid != 0, mid, 1.0), np.nan)
+
+
+def _columns_of_summaries(conn: sa.Connection, src: Any) -> pd.DataFrame | bool | None:
+    """from_summaries on PostgreSQL by the columnar fetch and history_frame.assemble (thousands
+    of groups: no Python object per value, no pandas sort): the frame; False when the
+    summaries cannot answer; None when the columnar fetch cannot carry a value (a separator in
+    a text: the caller fetches rows)."""
+    nan: Any = sa.literal_column("'NaN'::float8")
+    kinds = {"config_id": "int8", "class": "text", "workload_sha256": "text", "ttft_ms": "float8", "tpot_ms": "float8",
+             "backend": "text", "simulated": "bool", "runs": "int8", **dict.fromkeys(_COUNTS, "int8"),
+             **dict.fromkeys(_NUMBERS, "float8"), "median_censored": "text", "last_run_measured": "time"}
+    names = list(kinds)
+    exprs = []
+    for name in names:  # NULLs as values the fetch carries: NaN, -1 (not computed), ''
+        col = src.c[name]
+        exprs.append(sa.func.coalesce(col, nan) if kinds[name] == "float8" else
+                     sa.func.coalesce(col, -1) if name in _COUNTS else
+                     sa.func.coalesce(col, "") if name == "median_censored" else col)
+    got = history_frame.fetch_columns(conn, src, list(zip(exprs, kinds.values(), strict=True)))
+    if got is None:
+        return None
+    c = dict(zip(names, got, strict=True))
+    if not len(c["config_id"]):
+        return pd.DataFrame(columns=list(HISTORY_COLUMNS))
+    if (c["n_points"] < 0).any() or (c["n_points"] != c["runs"]).any():
+        return False
+    runs = c["n_points"] + c["n_censored_above"] + c["n_censored_below"] + c["n_unconverged"]
+    cols = [c["config_id"], c["class"], c["workload_sha256"], c["ttft_ms"], c["tpot_ms"], c["backend"], c["simulated"],
+            runs, c["npmle_median"], c["p25"], c["p75"], c["min"], c["max"], c["last_run_measured"]]
+    extra = {k: c[k] for k in (*_COUNTS, "censored_above_from", "censored_below_to", "median_low", "median_high",
+                               "median_level")}
+    extra["spread"] = _spread(c["points_median"], c["p25"], c["p75"])
+    extra["median_censored"] = np.array([v or None for v in c["median_censored"]], dtype=object)
+    return history_frame.assemble(conn, cols, HISTORY_COLUMNS, history.CONFIG_COLUMNS, history.WORKLOAD_COLUMNS,
+                                  extra)
 
 
 def censored_runs(engine: sa.Engine, run_ids: list[int]) -> set[int]:

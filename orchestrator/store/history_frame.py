@@ -173,11 +173,12 @@ def _raw(conn: sa.Connection, stmt: Any) -> Sequence[Any]:
 
 
 def assemble(conn: sa.Connection, cols: Sequence[Any], columns: Sequence[str], config_columns: Sequence[str],
-             workload_columns: Sequence[str]) -> pd.DataFrame:
+             workload_columns: Sequence[str], extra: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """The frame of per-group statistics ``cols`` (the STAT_ROW columns, rows in any order;
     unknown keys already '' / 0 / False) in capacity_by_config's order: class, median
     descending, configuration, then the keys (workload, limits, backend, simulated) so equal
-    medians keep one order whatever the scan."""
+    medians keep one order whatever the scan. ``extra``: more columns (or ones replacing those
+    computed here), in the rows' order of ``cols``."""
     config_id = np.asarray(cols[0], dtype=np.int64)
     median = np.asarray(cols[8], dtype=np.float64)
     ttft, tpot = np.asarray(cols[3], dtype=np.float64), np.asarray(cols[4], dtype=np.float64)
@@ -212,8 +213,15 @@ def assemble(conn: sa.Connection, cols: Sequence[Any], columns: Sequence[str], c
         "runs": np.asarray(cols[7], dtype=np.int64)[order], "median": med, "p25": p25, "p75": p75,
         "min": np.asarray(cols[11], dtype=np.float64)[order], "max": np.asarray(cols[12], dtype=np.float64)[order],
         "spread": spread, "last_measured": _times(cols[13], order),
+        **{k: _placed(np.asarray(v)[order]) for k, v in (extra or {}).items()},
     }
     return pd.DataFrame({c: data[c] for c in columns}, copy=False)
+
+
+def _placed(values: np.ndarray) -> Any:
+    """A column of assemble's ``extra``: objects stay objects (None stays None; a frame built
+    from a dict would infer text from them)."""
+    return pd.Series(values, dtype=object) if values.dtype == object else values
 
 
 # An execution option: the statement's rows come from psycopg in binary (numbers and

@@ -357,7 +357,10 @@ class CapacitySummary(Base):
     capacities of its valid finished runs, so history questions over all time read one row per
     group instead of aggregating every run (`Store.rebuild_capacity_summaries` rebuilds it from
     the runs if they were edited outside the Store). 0007 added the keys after config and class;
-    an unknown key is stored as '' (text) or 0 (limits)."""
+    an unknown key is stored as '' (text) or 0 (limits). ``runs`` to ``last_measured``: the point
+    estimates' (capacity_by_config's; ``runs`` 0 and the rest NULL for a group of censored runs
+    only, which it skips); from ``n_points`` on (0014): report.capacity_history's figures of every
+    valid run (analysis.censored_groups), NULL until computed (summaries.refill)."""
 
     __tablename__ = "capacity_summaries"
 
@@ -371,12 +374,24 @@ class CapacitySummary(Base):
     backend: Mapped[str] = mapped_column(sa.String(20), primary_key=True)
     simulated: Mapped[bool] = mapped_column(sa.Boolean, primary_key=True)
     runs: Mapped[int] = mapped_column(sa.Integer)
-    median: Mapped[float] = mapped_column(sa.Double)
-    p25: Mapped[float] = mapped_column(sa.Double)
-    p75: Mapped[float] = mapped_column(sa.Double)
-    min: Mapped[float] = mapped_column(sa.Double)
-    max: Mapped[float] = mapped_column(sa.Double)
+    median: Mapped[float | None] = mapped_column(sa.Double)
+    p25: Mapped[float | None] = mapped_column(sa.Double)
+    p75: Mapped[float | None] = mapped_column(sa.Double)
+    min: Mapped[float | None] = mapped_column(sa.Double)
+    max: Mapped[float | None] = mapped_column(sa.Double)
     last_measured: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    n_points: Mapped[int | None] = mapped_column(sa.Integer)
+    n_censored_above: Mapped[int | None] = mapped_column(sa.Integer)
+    n_censored_below: Mapped[int | None] = mapped_column(sa.Integer)
+    n_unconverged: Mapped[int | None] = mapped_column(sa.Integer)
+    censored_above_from: Mapped[float | None] = mapped_column(sa.Double)
+    censored_below_to: Mapped[float | None] = mapped_column(sa.Double)
+    npmle_median: Mapped[float | None] = mapped_column(sa.Double)
+    median_censored: Mapped[str | None] = mapped_column(sa.String(5))
+    median_low: Mapped[float | None] = mapped_column(sa.Double)
+    median_high: Mapped[float | None] = mapped_column(sa.Double)
+    median_level: Mapped[float | None] = mapped_column(sa.Double)
+    last_run_measured: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class WorkloadSignatureRow(Base):

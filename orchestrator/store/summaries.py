@@ -9,13 +9,15 @@ PostgreSQL's percentile_cont and pandas' quantile do, so a summary equals the li
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from orchestrator.analysis.censored_groups import group_figures
 from orchestrator.store import groups, keys
 from orchestrator.store.models import Capacity, CapacitySummary, Experiment, PlanRegistration, Run
 
@@ -32,7 +34,7 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _stats(values: list[float], stamps: list[datetime | None]) -> dict[str, object]:
+def _stats(values: list[float], stamps: Sequence[datetime | None]) -> dict[str, object]:
     values = sorted(values)
     known = [t for t in stamps if t is not None]
     return {
@@ -52,33 +54,71 @@ _UNKNOWN: dict[str, object] = {"workload_sha256": "", "ttft_ms": 0.0, "tpot_ms":
 
 def refresh(session: Session, config_id: int, class_names: Iterable[str]) -> None:
     """Recompute the summaries of one configuration at the given classes (in the caller's
-    transaction), one row per comparable group; a group left with no valid run loses its row."""
+    transaction), one row per comparable group with a valid finished run, its point estimates'
+    statistics and every run's figures (rows()); a group left with no valid run loses its row."""
     classes = sorted(set(class_names))
     if not classes:
         return
     if session.get_bind().dialect.name == "postgresql":
         session.execute(sa.select(sa.func.pg_advisory_xact_lock(_LOCK_NAMESPACE + config_id)))
     keys = [getattr(Capacity, k) for k in GROUP_KEYS]
-    rows = session.execute(
-        sa.select(Capacity.class_name, *keys, Capacity.capacity, Run.finished_at)
+    found = session.execute(
+        sa.select(Capacity.class_name, *keys, Capacity.capacity, Capacity.censored, Capacity.converged,
+                  Capacity.upper, Run.finished_at)
         .join(Run, Run.id == Capacity.run_id)
-        .where(Run.config_id == config_id, Capacity.class_name.in_(classes),
-               Run.valid.is_(True), Run.status == "done", *point_estimate())
-    )
-    groups: dict[tuple[Any, ...], tuple[list[float], list[datetime | None]]] = defaultdict(lambda: ([], []))
-    for row in rows:
-        key = (row[0], *(_UNKNOWN[k] if v is None else v for k, v in zip(GROUP_KEYS, row[1:-2], strict=True)))
-        groups[key][0].append(row[-2])
-        groups[key][1].append(row[-1])
+        .where(Run.config_id == config_id, Capacity.class_name.in_(classes), Run.valid.is_(True), Run.status == "done")
+    ).all()
     session.execute(sa.delete(CapacitySummary).where(
         CapacitySummary.config_id == config_id, CapacitySummary.class_name.in_(classes)))
-    out = [
-        {"config_id": config_id, "class_name": key[0], **dict(zip(GROUP_KEYS, key[1:], strict=True)),
-         **_stats(vals, stamps)}
-        for key, (vals, stamps) in groups.items()
-    ]
+    out = rows(config_id, found)
     if out:
         session.execute(sa.insert(CapacitySummary), out)
+
+
+def _number(v: Any) -> float | None:
+    return None if v is None or np.isnan(v) else float(v)
+
+
+def rows(config_id: int, capacities: Sequence[Any]) -> list[dict[str, Any]]:
+    """The summaries of one configuration from its valid finished runs' capacities (rows of
+    class, GROUP_KEYS, capacity, censored, converged, upper, the run's end): per comparable
+    group, the point estimates' statistics (``runs``: uncensored and converged, zero included,
+    as capacity_by_config counts them; 0 and NULLs for a group of censored runs only) and, from
+    n_points on, every run's figures by analysis.censored_groups (report.capacity_history's)."""
+    index: dict[tuple[Any, ...], int] = {}
+    gid: list[int] = []
+    for row in capacities:
+        key = (row[0], *(_UNKNOWN[k] if v is None else v for k, v in zip(GROUP_KEYS, row[1:6], strict=True)))
+        gid.append(index.setdefault(key, len(index)))
+    if not index:
+        return []
+    figures = group_figures(
+        np.array(gid, dtype=np.intp), len(index), np.array([r[6] for r in capacities], dtype=float),
+        np.array([r[7] for r in capacities], dtype=object), np.array([bool(r[8]) for r in capacities]),
+        np.array([np.nan if r[9] is None else r[9] for r in capacities], dtype=float))
+    points: list[list[float]] = [[] for _ in index]
+    point_times: list[list[datetime]] = [[] for _ in index]
+    run_times: list[list[datetime]] = [[] for _ in index]
+    for g, row in zip(gid, capacities, strict=True):
+        if row[10] is not None:
+            run_times[g].append(row[10])
+        if row[7] is None and row[8]:  # point_estimate(): what capacity_by_config counts
+            points[g].append(row[6])
+            if row[10] is not None:
+                point_times[g].append(row[10])
+    out = []
+    for key, g in index.items():
+        stats: dict[str, object] = (_stats(points[g], point_times[g]) if points[g] else
+                                    dict.fromkeys(("median", "p25", "p75", "min", "max", "last_measured"), None) | {"runs": 0})
+        out.append({
+            "config_id": config_id, "class_name": key[0], **dict(zip(GROUP_KEYS, key[1:], strict=True)), **stats,
+            **{c: int(figures[c][g]) for c in ("n_points", "n_censored_above", "n_censored_below", "n_unconverged")},
+            **{c: _number(figures[c][g]) for c in ("censored_above_from", "censored_below_to", "median_low",
+                                                    "median_high", "median_level")},
+            "npmle_median": float(figures["median"][g]), "median_censored": figures["median_censored"][g],
+            "last_run_measured": max(run_times[g]) if run_times[g] else None,
+        })
+    return out
 
 
 def point_estimate() -> tuple[sa.ColumnElement[bool], ...]:
@@ -178,3 +218,18 @@ def rebuild(engine: sa.Engine) -> int:
         for config_id, classes in groups_of_runs(s, sa.true()).items():
             refresh(s, config_id, classes)
         return s.scalar(sa.select(sa.func.count()).select_from(CapacitySummary)) or 0
+
+
+def refill(engine: sa.Engine) -> int:
+    """Compute the summaries whose figures are not computed (``n_points`` NULL: the rows migration
+    0014 left, which it cannot compute: the estimator is orchestrator code), by refreshing their
+    configurations at their classes; returns the number of configurations refreshed (0: none
+    was left). store.database.upgrade runs it after migrating to the head."""
+    cs = CapacitySummary
+    with Session(engine) as s, s.begin():
+        stale: dict[int, set[str]] = defaultdict(set)
+        for config_id, cls in s.execute(sa.select(cs.config_id, cs.class_name).where(cs.n_points.is_(None)).distinct()):
+            stale[config_id].add(cls)
+        for config_id, classes in stale.items():
+            refresh(s, config_id, classes)
+        return len(stale)

@@ -101,16 +101,16 @@ def test_a_runtime_role_granted_before_0012_appends_to_the_chain(pg_url: str) ->
     granted before it still finishes runs (each sealed) after the upgrade."""
     import uuid
 
-    from orchestrator.store.appendonly import runtime_grants
     from orchestrator.store.database import create_engine, upgrade
+    from tests.support.runtime_role import grants_at
 
     engine = create_engine(pg_url)
     upgrade(engine, "0011")
     role = f"orch_rt_{uuid.uuid4().hex[:8]}"
     with engine.begin() as conn:
         conn.execute(sa.text(f"create role {role} login"))
-        for grant in runtime_grants(role):  # as they were at 0011: no chain_entries yet
-            conn.execute(sa.text(grant.replace(", chain_entries", "")))
+        for grant in grants_at(role, "0011"):
+            conn.execute(sa.text(grant))
     try:
         upgrade(engine)
         url = sa.make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)

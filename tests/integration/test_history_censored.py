@@ -243,3 +243,29 @@ def test_report_pareto_section_counts_the_censored_runs_behind_its_points(sqlite
     assert [(r["run_id"], r["run_censored"]) for r in section["front"] if r["mark"] is None] == [(run, True)]
     page = " ".join(written.index.read_text(encoding="utf-8").split())
     assert "from 3 valid run(s), 1 of them with a censored or unconverged capacity" in page
+
+
+def test_capacity_plot_draws_censored_runs_as_bounds_and_each_groups_median(orch: Orch, tmp_path: Path) -> None:
+    """`orch capacity --plot`: every valid run is drawn, a censored one at its bound with the
+    marker of its kind (none of the invalid run), and each group's median of every run."""
+    png = tmp_path / "history" / "capacity.png"
+    doc = json.loads(orch("capacity", "--class", "interactive", "--plot", str(png), "--json"))
+    assert doc["plot"] == str(png.resolve())
+    # A: 3 points, 3 above; B: 2 above; C: 2 points, 1 below (<= 50), 1 unconverged [200, 260]
+    assert doc["plotted_runs"] == {"point": 5, "above": 5, "below": 1, "unconverged": 1}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    text = orch("capacity", "--class", "interactive", "--plot", str(png))
+    assert "12 run(s) drawn: 5 points, 5 censored above, 1 censored below, 1 unconverged" in text
+    # what the plot was fed: each run's kind and bound, each group's median
+    from orchestrator.report.history import capacity_trends
+
+    with Store.open(orch.url) as store:
+        trends = capacity_trends(store, capacity_history(store, service_class="interactive"))
+    got = {(r["kind"], r["bound"], None if math.isnan(r["bound_high"]) else r["bound_high"], r["median"],
+            r["median_censored"]) for r in trends.to_dict("records")}
+    assert got == {("point", v, None, 224.0, None) for v in (149.0, 171.0, 181.0)} | {
+        ("above", v, None, 224.0, None) for v in (256.0, 267.0)} | {
+        ("above", v, None, 1365.0, "above") for v in (1323.0, 1365.0)} | {
+        ("point", v, None, 280.0, None) for v in (300.0, 320.0)} | {
+        ("below", 50.0, None, 280.0, None), ("unconverged", 200.0, 260.0, 280.0, None)}
+    assert len(trends) == 12 and 9e6 not in set(trends["capacity"])

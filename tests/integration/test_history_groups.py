@@ -59,9 +59,26 @@ def _registrations(store: Store) -> list[int]:
     return out
 
 
-def seed(store: Store, runs: int = 500, seed_: int = 7) -> None:
+def _capacity(rng: random.Random, mixed: bool) -> dict[str, Any]:
+    """A capacity's value and censoring; ``mixed``: every kind, censored below (with the bound
+    the search found) and unconverged brackets too (report.capacity_history's test)."""
+    # few distinct values: equal medians across groups (the order's tie-breaks)
+    cap = float(rng.choice((100, 150, 200, 250, 400, 1000))) * rng.choice((1, 1, 1.5))
+    if not mixed:
+        return dict(capacity=cap, censored=rng.choice((None,) * 9 + ("above_max",)), converged=rng.random() > 0.05)
+    kind = rng.random()
+    if kind < 0.7:
+        return dict(capacity=cap, censored=None, converged=True)
+    if kind < 0.85:
+        return dict(capacity=cap, censored=rng.choice(("above_max", "at_ceiling")), converged=True)
+    if kind < 0.92:
+        return dict(capacity=0.0, censored="below_min", converged=True, upper=cap / 2)
+    return dict(capacity=cap, censored=None, converged=False, upper=rng.choice((cap * 1.5, None)))
+
+
+def seed(store: Store, runs: int = 500, seed_: int = 7, mixed: bool = False) -> None:
     """A history written in bulk (as benchmarks/store_bench.py writes one), then its derived
-    columns, groups and summaries rebuilt by the Store."""
+    columns, groups and summaries rebuilt by the Store (``mixed``: see _capacity)."""
     rng = random.Random(seed_)
     regs = _registrations(store)
     now = utcnow()
@@ -90,10 +107,7 @@ def seed(store: Store, runs: int = 500, seed_: int = 7) -> None:
             for i in range(runs)])
         run_ids = s.scalars(sa.select(Run.id).order_by(Run.id)).all()
         s.execute(sa.insert(Capacity), [
-            # few distinct values: equal medians across groups (the order's tie-breaks)
-            dict(run_id=r, class_name=c, capacity=float(rng.choice((100, 150, 200, 250, 400, 1000))) * rng.choice((1, 1, 1.5)),
-                 at_rate=4.0, attainment=0.92, points_used=6,
-                 censored=rng.choice((None,) * 9 + ("above_max",)), converged=rng.random() > 0.05)
+            dict(run_id=r, class_name=c, at_rate=4.0, attainment=0.92, points_used=6, **_capacity(rng, mixed))
             for r in run_ids for c in ("interactive", "standard", "agent") if rng.random() > 0.2])
         s.execute(sa.insert(LoadPoint), [
             dict(run_id=r, seq=k, offered_rate=rng.choice((2.0, 8.0, None)), window_start_s=0.0, window_end_s=60.0,

@@ -186,15 +186,15 @@ def test_0011_up_and_down_on_both_databases(db_url: str) -> None:
 
 
 def test_a_runtime_role_granted_before_0011_reads_the_identity(pg_url: str) -> None:
-    from orchestrator.store.appendonly import runtime_grants
+    from tests.support.runtime_role import grants_at
 
     engine = create_engine(pg_url)
     upgrade(engine, "0010")
     role = f"orch_rt_{uuid.uuid4().hex[:8]}"
     with engine.begin() as conn:
         conn.execute(sa.text(f"create role {role} login"))
-        for grant in runtime_grants(role):  # as they were at 0010: no table of 0012 yet
-            conn.execute(sa.text(grant.replace(", chain_entries", "")))
+        for grant in grants_at(role, "0010"):
+            conn.execute(sa.text(grant))
     try:
         upgrade(engine)
         url = sa.make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)

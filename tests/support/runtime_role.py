@@ -36,3 +36,24 @@ def runtime_url(owner_url: str) -> Iterator[str]:
             conn.execute(sa.text(f"DROP OWNED BY {role}"))
             conn.execute(sa.text(f"DROP ROLE {role}"))
         owner.close()
+
+
+# What runtime_grants let the runtime role update in capacity_summaries before 0014 added every
+# run's figures there.
+SUMMARY_UPDATE_0013 = ("runs", "median", "p25", "p75", "min", "max", "last_measured")
+
+
+def grants_at(role: str, revision: str) -> list[str]:
+    """``runtime_grants(role)`` as they were at ``revision`` (a role granted before a later
+    revision, which must then give it what it needs): no chain_entries before 0012, the
+    summaries' point statistics alone before 0014."""
+    from orchestrator.store.appendonly import runtime_grants
+
+    out = []
+    for grant in runtime_grants(role):
+        if revision < "0012":
+            grant = grant.replace(", chain_entries", "")
+        if revision < "0014" and grant.startswith("GRANT UPDATE (") and grant.endswith(f" ON capacity_summaries TO {role}"):
+            grant = f"GRANT UPDATE ({', '.join(SUMMARY_UPDATE_0013)}) ON capacity_summaries TO {role}"
+        out.append(grant)
+    return out
