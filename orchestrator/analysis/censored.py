@@ -88,13 +88,20 @@ def turnbull(lower: Sequence[float] | np.ndarray, upper: Sequence[float] | np.nd
     if np.any(hi < lo):
         raise ValueError("an interval's upper end is below its lower end")
     inner = innermost_intervals(lo, hi)
-    # alpha[i, j]: observation i's interval contains innermost interval j
-    alpha = (lo[:, None] <= inner[None, :, 0]) & (inner[None, :, 1] <= hi[:, None])
-    a = alpha.astype(float)
-    mass = np.full(len(inner), 1.0 / len(inner))
+    # Observation i's interval holds a contiguous run of innermost intervals (both their ends
+    # ascend): [first[i], last[i]]. So the EM's two products with the n x m incidence matrix are
+    # prefix sums, O(n + m) an iteration instead of O(n m): a group of 8,000 runs took 34 s dense.
+    first = np.searchsorted(inner[:, 0], lo, side="left")
+    last = np.searchsorted(inner[:, 1], hi, side="right")  # one past the last
+    m, n = len(inner), len(lo)
+    mass = np.full(m, 1.0 / m)
     for _ in range(_MAX_ITER):
-        seen = a @ mass  # each observation's probability under the current masses
-        new = mass * (a / seen[:, None]).mean(axis=0)
+        cum = np.concatenate(([0.0], np.cumsum(mass)))
+        seen = cum[last] - cum[first]  # each observation's probability under the current masses
+        weight = np.zeros(m + 1)
+        np.add.at(weight, first, 1.0 / seen)
+        np.add.at(weight, last, -1.0 / seen)
+        new = mass * np.cumsum(weight[:m]) / n
         if np.max(np.abs(new - mass)) < _EM_TOL:
             mass = new
             break
@@ -188,14 +195,17 @@ def right_censored_median(points: Sequence[float], above: Sequence[float]) -> tu
 @functools.lru_cache(maxsize=4096)
 def order_statistic_k(n: int, level: float = LEVEL) -> tuple[int, float]:
     """(k, coverage): the largest k with 2 P(Bin(n, 1/2) <= k - 1) <= 1 - level (at least 1), and
-    the coverage 1 - 2 P(Bin(n, 1/2) <= k - 1) of [X_(k), X_(n-k+1)]."""
-    def tail(k: int) -> float:  # P(Bin(n, 1/2) <= k - 1)
-        return sum(math.comb(n, i) for i in range(k)) / 2.0**n
-
-    k = 1
-    while k + 1 <= (n + 1) // 2 and 2 * tail(k + 1) <= 1 - level:
-        k += 1
-    return k, 1 - 2 * tail(k)
+    the coverage 1 - 2 P(Bin(n, 1/2) <= k - 1) of [X_(k), X_(n-k+1)]. Exact: the binomial sums
+    are integers, divided by the integer 2^n (a float 2.0**n overflows past 1023 runs), and
+    accumulated term by term (linear in k, for a group of thousands of runs)."""
+    whole = 2**n
+    k, term, total = 1, 1, 1  # term C(n, k - 1); total sum_{i<=k-1} C(n, i) = 2^n P(Bin <= k - 1)
+    while k + 1 <= (n + 1) // 2:
+        term = term * (n - k + 1) // k  # C(n, k)
+        if 2 * (total + term) / whole > 1 - level:  # k + 1 would cover less than the level
+            break
+        total, k = total + term, k + 1
+    return k, 1 - 2 * total / whole
 
 
 def censored_median(intervals: Sequence[RunInterval], level: float = LEVEL) -> CensoredMedian:

@@ -135,6 +135,15 @@ def test_order_statistic_k_is_the_binomial_one(n: int) -> None:
     assert coverage == pytest.approx(1 - 2 * sps.binom.cdf(k - 1, n, 0.5))
 
 
+@pytest.mark.parametrize("n", [1023, 1024, 5000])
+def test_order_statistic_k_holds_for_a_group_of_thousands_of_runs(n: int) -> None:
+    """A group past 1023 runs (a nightly gate over three years): 2.0**n overflowed and `orch
+    capacity` failed; the exact sums give scipy's binomial answer."""
+    k, coverage = order_statistic_k(n, 0.95)
+    assert 2 * sps.binom.cdf(k - 1, n, 0.5) <= 0.05 < 2 * sps.binom.cdf(k, n, 0.5)
+    assert coverage == pytest.approx(1 - 2 * sps.binom.cdf(k - 1, n, 0.5), abs=1e-12)
+
+
 def test_the_median_interval_covers_under_censoring() -> None:
     """Lognormal capacities, a third of them censored above at a random bound below them and a
     tenth below: the interval of lower and upper ends covers the true median at least at its
@@ -201,3 +210,34 @@ def test_right_censoring_only_takes_the_product_limit_path_with_the_npmle_median
         want = npmle_median(inner, mass)
         got = right_censored_median(points, above)
         assert got[1] == want[1] and got[0] == pytest.approx(want[0]), (points, above)
+
+
+def _dense_turnbull(lo: np.ndarray, hi: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """The textbook self-consistency iteration over the full incidence matrix (Turnbull 1976)."""
+    a = ((lo[:, None] <= inner[None, :, 0]) & (inner[None, :, 1] <= hi[:, None])).astype(float)
+    mass = np.full(len(inner), 1.0 / len(inner))
+    for _ in range(20_000):
+        new = mass * (a / (a @ mass)[:, None]).mean(axis=0)
+        if np.max(np.abs(new - mass)) < 1e-12:
+            return new / new.sum()
+        mass = new
+    return mass / mass.sum()
+
+
+def test_the_em_by_prefix_sums_is_the_textbook_iteration() -> None:
+    """turnbull runs the EM on each observation's contiguous run of innermost intervals (prefix
+    sums: a group of thousands of runs in milliseconds); its masses are the full matrix's, on
+    groups with points, ties, runs censored above (bounded or not), below and unconverged."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(2, 60))
+        v = np.round(rng.lognormal(6, 0.3, n), int(rng.integers(0, 2)))
+        lo, hi = v.copy(), v.copy()
+        for i in range(n):
+            u = rng.random()
+            if u < 0.25:
+                hi[i] = math.inf if rng.random() < 0.7 else v[i] * 1.2
+            elif u < 0.35:
+                lo[i], hi[i] = 0.0, v[i] * rng.uniform(1, 1.5)
+        inner, mass = turnbull(lo, hi)
+        np.testing.assert_allclose(mass, _dense_turnbull(lo, hi, inner), atol=1e-12)
