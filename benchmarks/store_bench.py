@@ -27,6 +27,7 @@ capacities seeded censored or unconverged; ``--requests 0`` skips the request ro
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import statistics
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -299,7 +301,22 @@ def history_queries(store: Store) -> dict[str, Callable[[], object]]:
     }
 
 
-def measure(url: str, args: argparse.Namespace) -> dict[str, object]:
+class Measured(TypedDict):
+    """One server's figures (``measure``), printed side by side."""
+
+    settings: dict[str, str]  # the server's fsync, synchronous_commit, full_page_writes
+    requests: int
+    runs: int
+    copy: float
+    parallel: float
+    orm: float
+    core: float
+    latencies: dict[str, tuple[float, float]]  # query -> (p50, p95) ms
+    worst: float
+    censored: dict[str, dict[str, float]]  # case -> path -> median ms
+
+
+def measure(url: str, args: argparse.Namespace) -> Measured:
     """Seed, ingest and query one server; returns its figures."""
     store = Store.open(url)
     with store.engine.connect() as conn:
@@ -384,13 +401,13 @@ def censored_history(store: Store, repeat: int) -> dict[str, dict[str, float]]:
         if store.summarised_history(**filters) is None:
             raise SystemExit(f"{name}: the summaries do not answer it")
         pd.testing.assert_frame_equal(capacity_history(store, **filters), capacity_history_live(store, **filters))
-        fns: dict[str, Callable[[], object]] = {
-            "summaries": lambda f=filters: capacity_history(store, **f),
-            "by_config": lambda f=filters: store.capacity_by_config(**f),
-            "live": lambda f=filters: capacity_history_live(store, **f),
+        fns: dict[str, Callable[[], pd.DataFrame]] = {
+            "summaries": functools.partial(capacity_history, store, **filters),
+            "by_config": functools.partial(store.capacity_by_config, **filters),
+            "live": functools.partial(capacity_history_live, store, **filters),
         }
         times: dict[str, list[float]] = {k: [] for k in fns}
-        rows = len(fns["summaries"]())  # type: ignore[arg-type]
+        rows = len(fns["summaries"]())
         for k in fns:  # warm the plan cache and the buffer cache
             fns[k]()
         order = list(fns)
@@ -407,25 +424,27 @@ def censored_history(store: Store, repeat: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def side_by_side(results: dict[str, dict[str, object]], writers: int) -> None:
+def side_by_side(results: dict[str, Measured], writers: int) -> None:
     names = list(results)
     print("\n" + "=" * 80)
     print("summary: " + "  vs  ".join(f"{n} ({results[n]['settings']})" for n in names))
     print(f"  {'figure':<44}" + "".join(f"{n:>14}" for n in names))
+    rates: dict[str, dict[str, float]] = {n: {"copy": r["copy"], "parallel": r["parallel"], "orm": r["orm"],
+                                              "core": r["core"]} for n, r in results.items()}
     for key, label in (("copy", "COPY rows/s, one writer"), ("parallel", f"COPY rows/s, {writers} writers"),
                        ("orm", "ORM rows/s"), ("core", "Core executemany rows/s")):
-        if not any(results[n][key] for n in names):  # --requests 0: no ingest measured
+        if not any(rates[n][key] for n in names):  # --requests 0: no ingest measured
             continue
-        print(f"  {label:<44}" + "".join(f"{float(results[n][key]):>14,.0f}" for n in names))  # type: ignore[arg-type]
+        print(f"  {label:<44}" + "".join(f"{float(rates[n][key]):>14,.0f}" for n in names))
     first = results[names[0]]["latencies"]
-    for q in first:  # type: ignore[union-attr]
-        print(f"  {'p95 ms ' + q:<44}" + "".join(f"{results[n]['latencies'][q][1]:>14.1f}" for n in names))  # type: ignore[index]
-    for case in results[names[0]]["censored"]:  # type: ignore[union-attr]
+    for q in first:
+        print(f"  {'p95 ms ' + q:<44}" + "".join(f"{results[n]['latencies'][q][1]:>14.1f}" for n in names))
+    for case in results[names[0]]["censored"]:
         for path in ("summaries", "by_config", "live"):
             label = f"p50 ms every run {case}, {path}"
-            print(f"  {label:<44}" + "".join(f"{results[n]['censored'][case][path]:>14.1f}" for n in names))  # type: ignore[index]
+            print(f"  {label:<44}" + "".join(f"{results[n]['censored'][case][path]:>14.1f}" for n in names))
     if first:
-        print(f"  {'worst p95 ms':<44}" + "".join(f"{float(results[n]['worst']):>14.1f}" for n in names))  # type: ignore[arg-type]
+        print(f"  {'worst p95 ms':<44}" + "".join(f"{results[n]['worst']:>14.1f}" for n in names))
 
 
 def main() -> int:
@@ -455,7 +474,7 @@ def main() -> int:
     if bindir is None:
         print("PostgreSQL server binaries not found; set ORCH_BENCH_DATABASE_URL", file=sys.stderr)
         return 2
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, Measured] = {}
     for name in (("durable", "fast") if args.settings == "both" else (args.settings,)):
         print(f"\n### {name} server", flush=True)
         # a server sized for a 10-million-row history: its primary-key index stays in memory

@@ -47,7 +47,8 @@ def _sweep_differs(store: StoreLike, doc: dict[str, Any], plan: Any, checks: lis
     if effects is None:
         return []
     doc["sweep"] = _plain(effects.to_dict())
-    by_rule: dict[float, Any] = {}  # each stored verdict against the resolution it was judged with
+    # each stored verdict against the resolution it was judged with (today's: computed above)
+    by_rule: dict[float, Any] = {effects.resolution: doc["sweep"]}
 
     def again(stored: Any) -> Any:
         resolution = float((stored or {}).get("resolution", 0.0))

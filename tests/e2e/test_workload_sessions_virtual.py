@@ -54,3 +54,23 @@ def test_a_session_plan_searches_capacity_in_virtual_time(store, state) -> None:
                 assert rec.scheduled_s >= prev.last_token_s
                 assert rec.prompt_tokens > prev.prompt_tokens + prev.output_tokens
             assert pt.context["server_prefix_hit_rate"] > 0.3  # history and system prompt reused
+
+
+def test_the_generators_ceiling_bounds_a_session_plan_in_sessions_per_second(store, state) -> None:
+    """One process holds 3 req/s; a 3-turn session brings 3 requests, so the search may ask at
+    most 1 session/s (it compared sessions/s with req/s before and asked up to 3 sessions/s):
+    no point above 1 session/s, and a capacity that passes there is a bound at the ceiling."""
+    plan = small_plan(
+        name="virtual-sessions-ceiling", design={"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 0},
+        workload={"arrival": {"process": "poisson"}, "sessions": {"think": {"mean_s": 0.1, "dist": "exponential"}},
+                  "prompts": {"input_tokens": {"mean": 600}, "shared_prefix": 0.3, "conversations": 100000, "turns": 3},
+                  "output_tokens": 16},
+        search={"rate": {"min": 0.5, "max": 4}, "precision": 0.25, "point_s": 2, "warmup_s": 0.5,
+                "cooldown_s": 0, "max_points": 3, "use_prior": False})
+    out = Executor(store, VirtualBackend(), ExecutorConfig(state_dir=state, generator_ceiling=3.0)).run(plan)
+    runs = store.runs(out.experiment_id)
+    assert runs and all(r.status == "done" and r.valid for r in runs), [r.invalid_reason for r in runs]
+    rates = [float(pt.offered_rate) for r in runs for _, pt in store.points(r.id).iterrows()]
+    assert rates and max(rates) <= 1.0 + 1e-9, rates
+    caps = store.capacities(out.experiment_id)
+    assert set(caps.censored.dropna()) <= {"at_ceiling"}
