@@ -1,7 +1,7 @@
 """Calibration of the verdict and the capacity search (issues 17 and 31): the full table.
 
-Part 0 (issue 31), the rule `orch run` applies: the median block ratio as the estimand, its
-bound's coverage per end under normal, t(3) and contaminated noise, false accepts at the bar
+Part 0 (issue 31), the rule `orch run` applies (MEDIAN_SKEW): the median block ratio as the
+estimand, its bound's coverage per end under normal, t(3) and contaminated noise, false accepts at the bar
 with their standard errors, power at 2/4/6 blocks, carry-over, a constant search error,
 skewed blocks, retries, and the sequential design's blocks and GPU-hours per decided experiment.
 Part 1 (``--legacy``) is issue 17's table of the geometric-mean rule (ROBUST), kept to compare.
@@ -52,6 +52,7 @@ from orchestrator.analysis.calibration import (
     search_trace,
     tpot_knee_curve,
 )
+from orchestrator.analysis.critical import FAR_END, far_end
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import MEDIAN, ROBUST, STUDENT_T, critical_value, judge_many
 
@@ -175,14 +176,18 @@ def issue31_table(scale: float) -> list[Case]:
 
     print(f"  {'case':<70} {'goal':>12} {'measured':>8} {'(se)':>9} {'sims':>8}")
     for kind in vc.NOISES:
-        for blocks in (2, 3, 4, 6, 10, 20):
-            c = vc.coverage(kind, blocks, n, rng)
+        for blocks in (2, 3, 4, 6, 9, 10, 20, 60, 100):
+            c = vc.coverage(kind, blocks, n if blocks <= 20 else n // 4, rng)
             for end, v in (("lower", c.lower), ("upper", c.upper)):
                 add(f"coverage of the {end} end (95% one-sided), {kind}, {blocks} blocks", "0.950-0.970",
-                    v, n, 0.95 - 2 * se(v, n) <= v <= 0.97 + 2 * se(v, n), f"({se(v, n):.4f})")
+                    v, c.sims, 0.95 - 2 * se(v, c.sims) <= v <= 0.97 + 2 * se(v, c.sims), f"({se(v, c.sims):.4f})")
             fa = 1 - c.lower
-            add(f"false accepts, median at the bar, {kind}, {blocks} blocks", at_most(BOUND), fa, n, fa <= BOUND,
-                f"({se(fa, n):.4f})")
+            add(f"false accepts, median at the bar, {kind}, {blocks} blocks", at_most(BOUND), fa, c.sims,
+                fa <= BOUND, f"({se(fa, c.sims):.4f})")
+    for blocks in (3, 4):
+        c = vc.coverage("contaminated", blocks, n, rng, method=MEDIAN)
+        add(f"  (contrast) upper end, contaminated, {blocks} blocks, one symmetric value (MEDIAN)", "-", c.upper, n,
+            True)
     for kind in vc.NOISES:
         for blocks in (2, 4, 6):
             p = vc.power(kind, blocks, n, rng)
@@ -297,19 +302,38 @@ def small_blocks_table(scale: float) -> None:
             print(f"  {blocks:>6} {location:<15} {row.critical:>6.2f}  {cells}   {row.power:.3f}", flush=True)
 
 
+def far_end_table(scale: float) -> None:
+    """The scan behind ``critical.FAR_END``: per block count, each factor's worst-case critical
+    value, the lowest and highest coverage of any end under any shape, and the power."""
+    draws = max(int((1 << 18) * scale), 1 << 14)
+    print(f"\nFar-end factor (MEDIAN_SKEW): coverage range over every end and shape at sd 0.05, spread floored; "
+          f"power 1.25 vs 1.10, normal ({draws} draws a row); FAR_END = {dict(FAR_END)}")
+    print(f"  {'blocks':>6} {'factor':>6} {'c':>6} {'lowest':>7} {'highest':>7} {'power':>6}")
+    for blocks, factors in ((3, (1.0, 2.0, 2.2, 2.3, 2.5)), (4, (1.0, 1.4, 1.5, 1.7, 2.0)),
+                            (5, (1.0, 1.2)), (9, (1.0, 1.1, 1.2, 1.3))):
+        for f in factors:
+            r = vc.far_end_scan(blocks, f, draws)
+            mark = "  <- FAR_END" if f == far_end(blocks) else ""
+            print(f"  {blocks:>6} {f:>6.1f} {r.critical:>6.3f} {r.lowest:>7.4f} {r.highest:>7.4f} {r.power:>6.3f}{mark}",
+                  flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="simulations per case, relative to the default")
     ap.add_argument("--curves", type=int, default=300, help="curves per search configuration")
     ap.add_argument("--legacy", action="store_true", help="also print issue 17's table (the ROBUST rule)")
+    ap.add_argument("--far-end", action="store_true",
+                    help="also print the scan behind the far-end factor of the median rule (MEDIAN_SKEW)")
     ap.add_argument("--small-blocks", action="store_true",
                     help="also print why 2-4 blocks cover above 97%% at one end (every location statistic)")
     args = ap.parse_args()
     t0 = time.time()
     print("Part 0 (issue 31): the median block ratio, confidence 0.95; false accepts goal <= 0.06")
-    print("  critical values c(n) at 95% (median rule / Student t): "
-          + ", ".join(f"{k}: {critical_value(k, 0.95, MEDIAN):.2f} / {critical_value(k, 0.95, STUDENT_T):.2f}"
-                      for k in (2, 3, 4, 5, 6, 10, 20, 40)))
+    print("  critical values c(n) at 95% (median rule's near end x far-end factor / one symmetric value / "
+          "Student t): "
+          + ", ".join(f"{k}: {critical_value(k, 0.95):.2f}x{far_end(k):g} / {critical_value(k, 0.95, MEDIAN):.2f} / "
+                      f"{critical_value(k, 0.95, STUDENT_T):.2f}" for k in (2, 3, 4, 5, 6, 9, 10, 20, 40, 60, 100)))
     rows = issue31_table(args.scale)
     missed = [r for r in rows if not r.ok]
     print(f"  {len(rows)} rows, {len(missed)} missed" + "".join(f"\n    MISSED: {r.case} {r.measured:.4f}" for r in missed))
@@ -323,6 +347,8 @@ def main() -> None:
         print(f"  {len(legacy)} rows, {len([r for r in legacy if not r.ok])} missed")
     if args.small_blocks:
         small_blocks_table(args.scale)
+    if args.far_end:
+        far_end_table(args.scale)
     search_table(args.curves)
     print(f"\n{time.time() - t0:.0f} s")
 

@@ -10,7 +10,15 @@ import math
 
 from scipy import stats as sps
 
-from orchestrator.analysis.stats import MEDIAN, Direction, Method, check_bar, critical_value
+from orchestrator.analysis.critical import far_end
+from orchestrator.analysis.stats import (
+    DEFAULT_METHOD,
+    MEDIAN_SKEW,
+    Direction,
+    Method,
+    check_bar,
+    critical_value,
+)
 
 # A power analysis that needs more blocks than this is reported as infeasible.
 MAX_BLOCKS = 10_000
@@ -23,11 +31,13 @@ def accept_probability(
     threshold: float,
     confidence: float,
     direction: Direction = "at_least",
-    method: Method = MEDIAN,
+    method: Method = DEFAULT_METHOD,
     resolution: float = 0.0,
 ) -> float:
     """P(ACCEPT) with ``n`` blocks of normal log-ratio noise ``sigma`` (noncentral t at the
-    method's critical value; the spread floor is ignored, which is exact for sigma >> floor)."""
+    method's critical value; the spread floor is ignored, which is exact for sigma >> floor).
+    MEDIAN_SKEW's far end: under normal noise the sample's skew is independent of its mean and
+    sd (Basu), so half the experiments face the near end's critical value and half the far's."""
     check_bar(threshold, confidence, direction)
     if n < 2:
         return 0.0
@@ -38,7 +48,9 @@ def accept_probability(
         delta = -delta
     delta -= resolution  # the resolution widens the end the test needs
     ncp = delta / (sigma / math.sqrt(n))
-    return float(sps.nct.sf(critical_value(n, confidence, method), n - 1, ncp))
+    c = critical_value(n, confidence, method)
+    far = far_end(n) if method == MEDIAN_SKEW else 1.0
+    return float((sps.nct.sf(c, n - 1, ncp) + sps.nct.sf(c * far, n - 1, ncp)) / 2)
 
 
 def blocks_needed(
@@ -48,7 +60,7 @@ def blocks_needed(
     confidence: float,
     power: float = 0.8,
     direction: Direction = "at_least",
-    method: Method = MEDIAN,
+    method: Method = DEFAULT_METHOD,
     resolution: float = 0.0,
 ) -> int:
     """Smallest number of blocks (>= 2) whose ACCEPT probability is at least ``power``.

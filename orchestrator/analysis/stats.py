@@ -55,13 +55,18 @@ import numpy as np
 
 from orchestrator.analysis.blocks import BlockRatio
 from orchestrator.analysis.critical import (
+    DEFAULT_METHOD,
     MEDIAN,
+    MEDIAN_RULES,
+    MEDIAN_SKEW,
     NOISE_FAMILY,
     ROBUST,
     STUDENT_T,
     Method,
     critical_value,
     describe,
+    end_factors,
+    far_end,
     location_scale,
     t_quantile,
     tail_probability,
@@ -70,7 +75,7 @@ from orchestrator.outcomes import Verdict
 from orchestrator.plan.experiment import DIRECTIONS, Direction
 
 __all__ = [
-    "MEDIAN", "NOISE_FAMILY", "ROBUST", "SD_FLOOR", "STUDENT_T", "BarEvidence", "Judgement", "Method", "check_bar",
+    "DEFAULT_METHOD", "MEDIAN", "MEDIAN_RULES", "MEDIAN_SKEW", "NOISE_FAMILY", "ROBUST", "SD_FLOOR", "STUDENT_T", "BarEvidence", "Judgement", "Method", "check_bar",
     "critical_value", "judge", "judge_bars", "judge_many", "log_ratios", "t_quantile", "tail_probability",
 ]
 
@@ -110,7 +115,7 @@ class Judgement:
     p_reject: float = 1.0
     lower_level: float = math.nan
     upper_level: float = math.nan
-    method: str = MEDIAN
+    method: str = DEFAULT_METHOD
     sd_used: float = math.nan
     censored: tuple[str, ...] = ()
     label: str = ""
@@ -170,7 +175,7 @@ def judge(
     accept_confidence: float | None = None,
     reject_confidence: float | None = None,
     sd_floor: float = SD_FLOOR,
-    method: Method = MEDIAN,
+    method: Method = DEFAULT_METHOD,
     compare: str = "B/A",
     resolution: float = 0.0,
 ) -> Judgement:
@@ -243,13 +248,22 @@ def judge(
                 if side:
                     rows[k, col] = hi_r[col]
         loc, se, _ = location_scale(rows, sd_floor, method)
-        c_lo = critical_value(n, lower_level, method)
-        c_hi = critical_value(n, upper_level, method)
+        # Each end's factor on its critical value (MEDIAN_SKEW's far end; 1 otherwise). With
+        # interval-valued blocks both ends take the wide one: a fixed factor keeps the bounds
+        # concave/convex over the box (its corners stay its extremes) and only widens them.
+        if open_idx.size == 0:
+            f_lo, f_hi = end_factors(rows, method)
+        else:
+            f_lo = f_hi = np.full(rows.shape[0], far_end(n) if method == MEDIAN_SKEW else 1.0)
+        c_lo = critical_value(n, lower_level, method) * f_lo
+        c_hi = critical_value(n, upper_level, method) * f_hi
         lb = float(np.min(loc - c_lo * se)) - resolution
         ub = float(np.max(loc + c_hi * se)) + resolution
         with np.errstate(divide="ignore", invalid="ignore"):  # +-inf with a zero floor and no spread
-            t_low = np.nan_to_num((loc - resolution - log_t) / se, nan=0.0, posinf=math.inf, neginf=-math.inf)
-            t_high = np.nan_to_num((loc + resolution - log_t) / se, nan=0.0, posinf=math.inf, neginf=-math.inf)
+            t_low = np.nan_to_num((loc - resolution - log_t) / se / f_lo, nan=0.0, posinf=math.inf,
+                                  neginf=-math.inf)
+            t_high = np.nan_to_num((loc + resolution - log_t) / se / f_hi, nan=0.0, posinf=math.inf,
+                                   neginf=-math.inf)
         t_lo, t_hi = float(t_low.min()), float(t_high.max())
     p_up = tail_probability(t_lo, n, method)  # evidence that the mean is above the threshold
     p_down = tail_probability(-t_hi, n, method)  # ... below it
@@ -276,7 +290,7 @@ def judge_many(
     direction: Direction = "at_least",
     *,
     sd_floor: float = SD_FLOOR,
-    method: Method = MEDIAN,
+    method: Method = DEFAULT_METHOD,
     resolution: float = 0.0,
     accept_confidence: float | None = None,
 ) -> np.ndarray:
@@ -291,9 +305,10 @@ def judge_many(
         return np.zeros(x.shape[0], dtype=np.int8)
     loc, se, _ = location_scale(x, sd_floor, method)
     level = confidence if accept_confidence is None else accept_confidence
-    half = critical_value(n, level, method) * se + resolution
+    c = critical_value(n, level, method)
+    f_lo, f_hi = end_factors(x, method)
     log_t = math.log(threshold)
-    lo, hi = loc - half, loc + half
+    lo, hi = loc - (c * f_lo * se + resolution), loc + (c * f_hi * se + resolution)
     if direction == "at_least":
         accept, reject = lo > log_t, hi < log_t
     else:
@@ -371,7 +386,7 @@ def _holm_levels(p: Sequence[float], alphas: Sequence[float]) -> tuple[list[floa
     return levels, reached
 
 
-def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = MEDIAN,
+def judge_bars(bars: Sequence[BarEvidence], *, sd_floor: float = SD_FLOOR, method: Method = DEFAULT_METHOD,
                spend: float = 1.0, look: str = "") -> list[Judgement]:
     """Judge every bar of a plan with Holm's step-down correction, for ACCEPT and for REJECT
     apart: a family of m bars makes a false ACCEPT of any of them, and a false REJECT of any of

@@ -1,4 +1,4 @@
-"""The cases of issue 31, simulated against the verdict rule as `orch run` applies it (MEDIAN's
+"""The cases of issue 31, simulated against the verdict rule as `orch run` applies it (MEDIAN_SKEW's
 bound, the search's resolution, the carry-over rule, the sequential looks). Pure; used by
 ``benchmarks/verdict_calibration.py`` and its tests. Every noise shape is centred at its median:
 the estimand a bar states (the median block ratio).
@@ -15,10 +15,11 @@ from orchestrator.analysis.carryover import welch_rows
 from orchestrator.analysis.critical import (
     CONTAMINATED_SHARE,
     CONTAMINATED_SHIFT,
-    MEDIAN,
+    DEFAULT_METHOD,
     Method,
     contaminated_median,
     critical_value,
+    end_factors,
     location_scale,
 )
 from orchestrator.analysis.sequential import Spending, look_blocks, shares
@@ -50,12 +51,13 @@ class Coverage:
 def _ends(r: np.ndarray, confidence: float, method: Method, resolution: float) -> tuple[np.ndarray, np.ndarray]:
     """Each row's one-sided bounds (ln units), as ``judge`` computes them for points."""
     loc, se, _ = location_scale(r, SD_FLOOR, method)
-    half = critical_value(r.shape[1], confidence, method) * se + resolution
-    return loc - half, loc + half
+    c = critical_value(r.shape[1], confidence, method)
+    f_lo, f_hi = end_factors(r, method)
+    return loc - (c * f_lo * se + resolution), loc + (c * f_hi * se + resolution)
 
 
 def coverage(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, sigma: float = 0.05,
-             confidence: float = 0.95, method: Method = MEDIAN) -> Coverage:
+             confidence: float = 0.95, method: Method = DEFAULT_METHOD) -> Coverage:
     """How often each one-sided end covers the true median ratio (1.0 here)."""
     r = median_noise(rng, kind, (sims, blocks), sigma)
     lo, hi = _ends(r, confidence, method, 0.0)
@@ -63,7 +65,7 @@ def coverage(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, sig
 
 
 def power(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, true_ratio: float = 1.25,
-          threshold: float = 1.10, sigma: float = 0.05, resolution: float = 0.0, method: Method = MEDIAN) -> float:
+          threshold: float = 1.10, sigma: float = 0.05, resolution: float = 0.0, method: Method = DEFAULT_METHOD) -> float:
     r = math.log(true_ratio) + median_noise(rng, kind, (sims, blocks), sigma)
     return float((judge_many(r, threshold, 0.95, resolution=resolution, method=method) == 1).mean())
 
@@ -197,3 +199,43 @@ def small_blocks_scan(blocks: int, location: str, draws: int, seed: int = 31) ->
     x = math.log(1.25) + median_noise(rng, "normal", (draws, blocks), 0.05)
     loc, se = _location(x, location), np.maximum(x.std(axis=1, ddof=1), SD_FLOOR) / math.sqrt(blocks)
     return SmallBlocksRow(location, blocks, c, cover, float((loc - c * se > math.log(1.10)).mean()))
+
+
+# --- MEDIAN_SKEW's far-end factor: the scan behind ``critical.FAR_END`` --------------------------
+
+
+@dataclass(frozen=True)
+class FarEndRow:
+    blocks: int
+    factor: float
+    critical: float  # the near end's worst-case 95% critical value with this factor
+    lowest: float  # the lowest coverage of any end of any shape (sd 0.05, spread floored)
+    highest: float  # ... the highest
+    power: float  # 1.25 vs a 1.10 bar, sd 0.05, normal
+
+
+def far_end_scan(blocks: int, factor: float, draws: int, seed: int = 41) -> FarEndRow:
+    """MEDIAN_SKEW's statistic at ``blocks`` with the far end ``factor`` times the near end's
+    critical value: its worst-case 95% value over the family (centred at each shape's median,
+    the spread not floored, as ``critical`` calibrates), then each end's coverage under each
+    shape at sd 0.05 with the spread floored as ``judge`` floors it, and the power. ``FAR_END``
+    holds, per block count, the smallest factor (steps of 0.1) whose coverage stays in 95-97%."""
+    from orchestrator.analysis.critical import MEDIAN_SKEW, contaminated, skew_sign
+
+    rng = np.random.default_rng([seed, blocks])
+
+    def shapes(scale: float) -> list[np.ndarray]:
+        return [scale * rng.standard_normal((draws, blocks)), scale * rng.standard_t(3, (draws, blocks)),
+                scale * contaminated(rng, (draws, blocks)), -scale * contaminated(rng, (draws, blocks))]
+
+    def ends(x: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+        loc, se, _ = location_scale(x, floor, MEDIAN_SKEW)
+        s = skew_sign(x)
+        t = loc / se
+        # the lower end's statistic, and the upper end's (the mirror image's lower end)
+        return np.where(s < 0, t, t / factor), np.where(s > 0, -t, -t / factor)
+
+    c = max(float(np.quantile(ends(x, 0.0)[0], 0.95)) for x in shapes(1.0))
+    cover = [float((e <= c).mean()) for x in shapes(0.05) for e in ends(x, SD_FLOOR)]
+    x = math.log(1.25) - math.log(1.10) + 0.05 * rng.standard_normal((draws, blocks))
+    return FarEndRow(blocks, factor, c, min(cover), max(cover), float((ends(x, SD_FLOOR)[0] > c).mean()))

@@ -20,7 +20,7 @@ from orchestrator.analysis.blocks import BlockRatio
 from orchestrator.analysis.blocks import block_log_ratio as _log_ratio
 from orchestrator.analysis.power import blocks_needed
 from orchestrator.analysis.sequential import judge_looks, look_blocks
-from orchestrator.analysis.stats import MEDIAN, BarEvidence, Judgement, judge_bars
+from orchestrator.analysis.stats import DEFAULT_METHOD, BarEvidence, Judgement, judge_bars
 from orchestrator.control.design import look_step
 from orchestrator.loadgen.schedules import derive_seed
 from orchestrator.plan import Bar, Plan
@@ -140,7 +140,7 @@ def predict_bars(plan: Plan, arms: dict[str, ArmPrediction], sigma: float, seed:
             return judge_bars(evidence(blocks)), blocks
         looks = look_blocks(blocks, seq.min_blocks, look_step(plan))
         alpha = 1.0 - min(bar.confidence for bar in plan.bars)
-        judged, look = judge_looks(evidence, looks, blocks, blocks, seq.spending, alpha, method=MEDIAN)
+        judged, look = judge_looks(evidence, looks, blocks, blocks, seq.spending, alpha, method=DEFAULT_METHOD)
         return judged, look.blocks
 
     predicted_ratios = design_ratios(np.random.default_rng(derive_seed(seed, "dry-run", "blocks")))

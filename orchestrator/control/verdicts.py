@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.analysis.balance import order_balance
 from orchestrator.analysis.blocks import BlockRatio, CapacityValue, block_log_ratio
 from orchestrator.analysis.carryover import OrderEffect, order_effect
-from orchestrator.analysis.critical import MEDIAN, METHODS, ROBUST, Method
+from orchestrator.analysis.critical import (
+    DEFAULT_METHOD,
+    MEDIAN,
+    MEDIAN_RULES,
+    MEDIAN_SKEW,
+    METHODS,
+    ROBUST,
+    Method,
+)
 from orchestrator.analysis.sequential import Look, judge_looks, look_blocks
 from orchestrator.analysis.stats import BarEvidence, Judgement, judge_bars
 from orchestrator.control.design import look_step, plan_order
@@ -66,7 +74,7 @@ class BarOutcome:
         }
 
 
-ESTIMANDS: dict[str, str] = {MEDIAN: "median block ratio", ROBUST: "geometric mean of the block ratios",
+ESTIMANDS: dict[str, str] = {MEDIAN_SKEW: "median block ratio", MEDIAN: "median block ratio", ROBUST: "geometric mean of the block ratios",
              "student_t": "geometric mean of the block ratios"}
 
 
@@ -195,9 +203,9 @@ def _block_ratio(block: int, a: float, b: float, caps: pd.DataFrame | None = Non
     return block_log_ratio(b, a, block)
 
 
-def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: Method = MEDIAN) -> list[BarOutcome]:
+def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: Method = DEFAULT_METHOD) -> list[BarOutcome]:
     """Judge every bar of the plan over the experiment's valid blocks (Holm across all bars,
-    whatever pair each compares). ``method`` is the judge (analysis.critical): MEDIAN's rule adds
+    whatever pair each compares). ``method`` is the judge (analysis.critical): the median rules add
     the search's resolution to each end of a capacity bar, the carry-over rule and the plan's
     sequential design; ROBUST re-judges a verdict stored before them as it was judged."""
     if not plan.bars:
@@ -207,7 +215,7 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
     caps = store.capacities(experiment_id) if any(bar.metric == "capacity" for bar in plan.bars) else None
     ratios = [{blk: _block_ratio(blk, a, b, *((caps, runs, bar) if bar.metric == "capacity" else ()))
                for blk, (a, b) in v.items()} for bar, v in zip(plan.bars, values, strict=True)]
-    new_rule = method == MEDIAN
+    new_rule = method in MEDIAN_RULES
     resolution = [math.log1p(plan.search.precision) if new_rule and bar.metric == "capacity" else 0.0
                   for bar in plan.bars]
     orders = [arms for _, arms in plan_order(plan)]
@@ -341,11 +349,11 @@ def experiment_complete(store: StoreLike, experiment_id: int, plan: Plan) -> boo
 
 def _stored_method(store: StoreLike, experiment_id: int) -> Method:
     """The judge that made the experiment's stored verdicts (its evidence says; before evidence
-    carried it, ROBUST); MEDIAN for an experiment with none stored yet."""
+    carried it, ROBUST); the default (MEDIAN_SKEW) for an experiment with none stored yet."""
     for v in store.verdicts(experiment_id):
         m = (v.evidence or {}).get("method", ROBUST)
         return m if m in METHODS else ROBUST
-    return MEDIAN
+    return DEFAULT_METHOD
 
 
 def gate_exit_code(outcomes: list[BarOutcome], incomplete: bool) -> int:

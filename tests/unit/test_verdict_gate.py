@@ -127,4 +127,4 @@ def test_dropped_and_censored_blocks_say_why() -> None:
     ev = o.evidence()
     assert ev["blocks_used"] == [0, 2] and [d["block"] for d in ev["dropped"]] == [1, 3]
     assert ev["censored"] == [{"block": 2, "why": o.censored[2]}]
-    assert ev["lower_level"] == 0.95 and ev["method"] == "median"
+    assert ev["lower_level"] == 0.95 and ev["method"] == "median_skew"
