@@ -184,6 +184,10 @@ def issue31_table(scale: float) -> list[Case]:
             fa = 1 - c.lower
             add(f"false accepts, median at the bar, {kind}, {blocks} blocks", at_most(BOUND), fa, c.sims,
                 fa <= BOUND, f"({se(fa, c.sims):.4f})")
+    for kind in vc.NOISES:  # what holds 2 blocks above 97%: the spread floor, 1/5 of sd 0.05
+        c = vc.coverage(kind, 2, n, rng, sigma=0.5)
+        add(f"  (why) 2 blocks, {kind}, sd 0.50 (the 0.01 floor 1/50 of it): lower / upper end", "report",
+            c.lower, n, True, f"{c.upper:.4f}")
     for blocks in (3, 4):
         c = vc.coverage("contaminated", blocks, n, rng, method=MEDIAN)
         add(f"  (contrast) upper end, contaminated, {blocks} blocks, one symmetric value (MEDIAN)", "-", c.upper, n,
