@@ -18,6 +18,7 @@ from orchestrator.analysis.critical import (
     MEDIAN,
     MEDIAN_SKEW,
     ROBUST,
+    Method,
     critical_value,
     far_end,
     skew_sign,
@@ -267,39 +268,27 @@ def test_the_selection_of_retried_runs_stays_inside_the_resolution() -> None:
     assert 0 < bias < math.log1p(0.02)
 
 
-def test_a_verdict_stored_by_the_robust_rule_is_rechecked_by_it() -> None:
-    store = _Store(_caps([100.0] * 4, [115.0, 117.0, 116.0, 118.0]))
+@pytest.mark.parametrize(("method", "b_caps"), [
+    (ROBUST, [115.0, 117.0, 116.0, 118.0]),  # the geometric-mean rule before issue 31
+    (MEDIAN, [115.0, 117.0, 116.0, 104.0]),  # the median rule with one value for both ends
+])
+def test_a_stored_verdict_is_rechecked_by_the_rule_that_made_it(method: Method, b_caps: list[float]) -> None:
+    """`--verify` re-judges a stored verdict by the rule its evidence names, not today's."""
+    store = _Store(_caps([100.0] * 4, b_caps))
     plan = _plan(4)
-    (robust,) = judge_experiment(store, 1, plan, ROBUST)
-    (median,) = judge_experiment(store, 1, plan)
-    assert robust.judgement.lower != median.judgement.lower
-    j = robust.judgement
-    store.verdicts = lambda eid: [SimpleNamespace(bar_id="b", verdict=j.verdict, estimate=j.estimate, lower=j.lower,
-                                                  upper=j.upper, blocks=j.n, judged_at=None,
-                                                  evidence={"method": "robust"})]
-    store.get_experiment = lambda eid: SimpleNamespace(status="done")
-    for r in store._runs:
-        r.finished_at = None
-    (check,) = recheck_verdicts(store, 1, plan)
-    assert not check.differs and check.judged.judgement.method == ROBUST
-
-
-def test_a_verdict_stored_by_the_symmetric_median_rule_is_rechecked_by_it() -> None:
-    """`--verify` re-judges a verdict stored before the far-end factor with MEDIAN's one value."""
-    store = _Store(_caps([100.0] * 4, [115.0, 117.0, 116.0, 104.0]))
-    plan = _plan(4)
-    (old,) = judge_experiment(store, 1, plan, MEDIAN)
+    (old,) = judge_experiment(store, 1, plan, method)
     (new,) = judge_experiment(store, 1, plan)
-    assert new.judgement.method == MEDIAN_SKEW and old.judgement.upper != new.judgement.upper
+    assert new.judgement.method == MEDIAN_SKEW
+    assert (old.judgement.lower, old.judgement.upper) != (new.judgement.lower, new.judgement.upper)
     j = old.judgement
     store.verdicts = lambda eid: [SimpleNamespace(bar_id="b", verdict=j.verdict, estimate=j.estimate, lower=j.lower,
                                                   upper=j.upper, blocks=j.n, judged_at=None,
-                                                  evidence={"method": "median"})]
+                                                  evidence={"method": method})]
     store.get_experiment = lambda eid: SimpleNamespace(status="done")
     for r in store._runs:
         r.finished_at = None
     (check,) = recheck_verdicts(store, 1, plan)
-    assert not check.differs and check.judged.judgement.method == MEDIAN
+    assert not check.differs and check.judged.judgement.method == method
 
 
 # --- the plan language of the rules -------------------------------------------------------------
