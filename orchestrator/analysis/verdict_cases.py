@@ -70,15 +70,41 @@ def power(kind: str, blocks: int, sims: int, rng: np.random.Generator, *, true_r
     return float((judge_many(r, threshold, 0.95, resolution=resolution, method=method) == 1).mean())
 
 
+def carry_penalties(blocks: int, carry: float, *, lead_in: bool = False, across_blocks: bool = False,
+                    switch_only: bool = False) -> np.ndarray:
+    """Per ABBA block, ln(B/A)'s shift from a carry-over B leaves: the run right after a run of B
+    (any arm; with ``switch_only`` only A) loses ``carry`` of its capacity. ``across_blocks``:
+    the block's first run follows the previous block's last (runs back to back); otherwise the
+    carry-over stays inside a block (the issue's model: a block's first run follows nothing).
+    ``lead_in``: each block begins with a lead-in run of its first arm (``lead_in_s``), unmeasured."""
+    out = np.zeros(blocks)
+    before: str | None = None
+    for b in range(blocks):
+        seq = ["A", "B"] if b % 2 == 0 else ["B", "A"]
+        prev = before if across_blocks else None
+        if lead_in:
+            prev, seq = seq[0], seq  # the lead-in ran right before the block's first run
+        shift = {}
+        for arm in seq:
+            hit = prev == "B" and not (switch_only and arm == "B")
+            shift[arm] = math.log1p(-carry) if hit else 0.0
+            prev = arm
+        before = prev
+        out[b] = shift["B"] - shift["A"]
+    return out
+
+
 def carryover_false_accepts(blocks: int, sims: int, rng: np.random.Generator, *, sigma: float, carry: float = 0.03,
                             bound: float = 0.0, void: bool = True, threshold: float = 1.0,
-                            resolution: float = 0.0) -> tuple[float, float]:
-    """ABBA; the run right after B is ``carry`` slower inside a block (so B-then-A blocks read
-    ln(B/A) ``carry`` high); the true ratio at the bar. (false accepts, share voided) with the
-    carry-over rule voiding (``void``) or not; ``resolution``: a capacity bar's search
-    resolution on each end."""
+                            resolution: float = 0.0, lead_in: bool = False, across_blocks: bool = False,
+                            switch_only: bool = False) -> tuple[float, float]:
+    """ABBA; a carry-over B leaves (``carry_penalties``: by default the run right after B inside
+    a block is ``carry`` slower, so B-then-A blocks read ln(B/A) ``carry`` high); the true ratio
+    at the bar. (false accepts, share voided) with the carry-over rule voiding (``void``) or not;
+    ``resolution``: a capacity bar's search resolution on each end."""
     after = np.array([b % 2 == 0 for b in range(blocks)])  # AB blocks: B after A
-    r = math.log(threshold) + rng.normal(0.0, sigma, (sims, blocks)) + np.where(after, 0.0, carry)
+    shift = carry_penalties(blocks, carry, lead_in=lead_in, across_blocks=across_blocks, switch_only=switch_only)
+    r = math.log(threshold) + rng.normal(0.0, sigma, (sims, blocks)) + shift
     accept = judge_many(r, threshold, 0.95, resolution=resolution) == 1
     diff, half = welch_rows(r[:, after], r[:, ~after], 0.95)
     b = math.log1p(bound)

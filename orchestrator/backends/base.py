@@ -67,9 +67,20 @@ class RunKey:
     attempt: int = 0
 
     @property
+    def is_lead_in(self) -> bool:
+        """A lead-in run (``design.carryover.lead_in_s``): unmeasured; its attempt is -1, -2, ..."""
+        return self.attempt < 0
+
+    @property
+    def attempt_label(self) -> str:
+        """``t1`` for attempt 1, ``lead1`` for the first lead-in of the block (a label value must
+        start with a letter or digit)."""
+        return f"lead{-self.attempt}" if self.is_lead_in else f"t{self.attempt}"
+
+    @property
     def slug(self) -> str:
-        """DNS-1123-safe identifier, e.g. ``exp12-a-b0-t1``."""
-        return f"{self.experiment}-{self.arm}-b{self.block}-t{self.attempt}".lower()
+        """DNS-1123-safe identifier, e.g. ``exp12-a-b0-t1`` (``exp12-a-b0-lead1`` for a lead-in)."""
+        return f"{self.experiment}-{self.arm}-b{self.block}-{self.attempt_label}".lower()
 
     def labels(self) -> dict[str, str]:
         """Labels every resource of this run carries."""
@@ -77,7 +88,7 @@ class RunKey:
             "orchestrator/experiment": self.experiment.lower(),
             "orchestrator/arm": self.arm.lower(),
             "orchestrator/block": str(self.block),
-            "orchestrator/attempt": str(self.attempt),
+            "orchestrator/attempt": str(self.attempt) if not self.is_lead_in else self.attempt_label,
         }
 
 

@@ -415,10 +415,15 @@ class VirtualBackend:
 
     name = "virtual"
 
-    def __init__(self, faults: Mapping[tuple[str, int, int], list[str]] | None = None):
+    def __init__(self, faults: Mapping[tuple[str, int, int], list[str]] | None = None,
+                 carryover: Mapping[str, float] | None = None):
         # (arm, block, attempt) -> `orch sim serve` fault flags, as SimBackend takes them.
         self.faults = {k: Faults.from_flags(v) for k, v in (faults or {}).items()}
         self.deployed: dict[str, Deployment] = {}
+        # A first-order carry-over, for tests of the design against it: arm -> the share of its
+        # efficiency the deployment right after a deployment of that arm loses (whatever arm).
+        self.carryover = dict(carryover or {})
+        self._previous: str | None = None
 
     def sends_load_here(self, plan: Plan) -> bool:
         return False  # the simulated engine's own clock: no generator
@@ -434,6 +439,8 @@ class VirtualBackend:
         # Run-to-run noise as the plan registers it: one efficiency draw per run.
         noise = plan.sim.noise
         eff = math.exp(float(np.random.default_rng(seed).normal(0.0, noise))) if noise > 0 else 1.0
+        eff *= 1.0 - self.carryover.get(self._previous or "", 0.0)
+        self._previous = arm
         cluster = cluster_for_arm(plan.model, spec, plan.router_for(arm), plan.sim, efficiency_scale=eff)
         model = plan.model.hf_id or plan.model.name
         state = _ArmState(cluster, self.faults.get((arm, key.block, key.attempt), Faults()), seed, model,

@@ -20,7 +20,7 @@ def validate(
     """Check plans: every problem is named by its field path (and line); exit 1 if any."""
     results = []
     problems: list[str] = []
-    from orchestrator.control.design import design_warnings
+    from orchestrator.control.design import carryover_warnings, design_warnings
     from orchestrator.plan.experiment import ARM_NAMES
     from orchestrator.plan.sweep import arm_names, describe
 
@@ -32,7 +32,8 @@ def validate(
             problems.extend(lines)
             results.append({"file": str(f), "valid": False, "problems": list(e.problems)})
             continue
-        warnings = plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms), plan.per_block)
+        warnings = (plan_warnings(plan) + design_warnings(plan.design, tuple(plan.arms), plan.per_block)
+                    + carryover_warnings(plan))
         names = {} if plan.sweep is None else arm_names(plan.sweep, ARM_NAMES)
         swept = {} if plan.sweep is None else {"sweep": {"design": describe(plan.sweep), "arms": names}}
         results.append(

@@ -37,7 +37,7 @@ import numpy as np
 
 from orchestrator.analysis.metrics import PointMetrics, point_metrics
 from orchestrator.analysis.search import CapacityResult, search_capacity
-from orchestrator.control.design import design_warnings
+from orchestrator.control.design import carryover_warnings, design_warnings, lead_in_runs
 
 # The predictions' types and the bars' arithmetic live in control.dry_bars; their names stay
 # importable from here.
@@ -302,6 +302,7 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
     started = time.perf_counter()
     seed = plan.design.seed if seed is None else seed
     notes: list[str] = design_warnings(plan.design, tuple(plan.arms), plan.per_block)  # ABBA over an odd number of blocks
+    notes += carryover_warnings(plan)
     if plan.sim.noise > 0:
         sigma, source = plan.sim.noise, "plan"
     else:
@@ -325,6 +326,13 @@ def simulate_plan(plan: Plan, replications: int = 200, seed: int | None = None,
     runs = runs_per_arm(tuple(plan.arms), plan.per_block, plan.design.blocks)  # incomplete blocks: fewer
     per_arm = {n: a.gpus * a.run_wall_s * runs[n] / 3600.0 for n, a in arms.items()}
     wall = sum(a.run_wall_s * runs[n] for n, a in arms.items()) / 3600.0
+    if leads := lead_in_runs(plan):  # each: a deployment and the lead-in's seconds of load
+        lead_s = DEPLOY_S + plan.design.carryover.lead_in_s
+        extra = {n: arms[n].gpus * lead_s * k / 3600.0 for n, k in leads.items()}
+        per_arm = {n: h + extra.get(n, 0.0) for n, h in per_arm.items()}
+        wall += lead_s * sum(leads.values()) / 3600.0
+        notes.append(f"lead-in runs: {sum(leads.values())} (" + ", ".join(f"{n} {k}" for n, k in leads.items())
+                     + f"), {lead_s:g} s each with its deployment: {sum(extra.values()):.2f} GPU-hours of the total")
     notes.append("modelled spread: per-run efficiency jitter; not modelled: arrival sampling between "
                  "blocks, guard failures and their retries (each retry adds a run's GPU-hours)")
     return DryRunResult(

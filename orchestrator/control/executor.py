@@ -137,6 +137,10 @@ class Executor:
         self.progress = progress or PlainProgress()
         self.session = session or f"{socket.gethostname()}:{os.getpid()}"
         self._measured: dict[tuple[int, float], int] = {}  # (run, rate) -> times measured
+        # (block, arm) of the last deployment this process ran, a lead-in's too; and the lead-ins
+        # run per block (their attempts are -1, -2, ...). Lead-ins: ``design.carryover.lead_in_s``.
+        self._last_ran: tuple[int, str] | None = None
+        self._leads: dict[int, int] = {}
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- experiment lifecycle -----------------------------------------------------------------
@@ -241,7 +245,7 @@ class Executor:
             stopped = False
             for block, arms in order:
                 for position, arm in enumerate(arms):
-                    self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm])
+                    self._ensure_run(plan, exp_id, exp.name, block, position, arm, config_ids[arm], arms[0])
                 judge_block(self.store, self.progress, plan, exp_id, block)
                 self.progress.block_done()
                 if stopped := self._decided_early(plan, exp_id):
@@ -311,8 +315,9 @@ class Executor:
 
     # -- one (block, arm) ---------------------------------------------------------------------
     def _ensure_run(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
-                    arm: str, config_id: int) -> RunSummary | None:
-        """Run (block, arm) until valid or out of retries; None if it was already done."""
+                    arm: str, config_id: int, first: str) -> RunSummary | None:
+        """Run (block, arm) until valid or out of retries; None if it was already done. With
+        lead-ins, each attempt follows a run of the block's ``first`` arm (a lead-in if needed)."""
         prior = [r for r in self.store.runs(exp_id) if r.block == block and r.arm == arm]
         if any(r.status == "done" and r.valid for r in prior):
             return None
@@ -326,6 +331,14 @@ class Executor:
             if last is not None and last.retry_after_s > 0:
                 self.progress.note(f"block {block} arm {arm}: retrying in {last.retry_after_s:.0f}s")
                 self._sleep(last.retry_after_s)
+            if plan.design.carryover.lead_in_s > 0 and self._last_ran != (block, first):
+                try:
+                    self._lead_in(plan, exp_name, block, first)
+                except (RunInvalid, TransientError) as e:
+                    self.progress.note(f"block {block}: the lead-in of arm {first} failed ({first_line(e)}); "
+                                       f"counted as a failed attempt of arm {arm}")
+                    failures += 1
+                    continue
             last = self._run_once(plan, exp_id, exp_name, block, position, arm, attempt, config_id)
             if last.valid:
                 return last
@@ -336,6 +349,28 @@ class Executor:
                                "the block is left out of every verdict")
         return last
 
+    def _lead_in(self, plan: Plan, exp_name: str, block: int, arm: str) -> None:
+        """A lead-in: ``arm`` deployed and sent the workload at the search's lowest rate for
+        ``design.carryover.lead_in_s``, unmeasured (nothing stored but a progress line), then torn
+        down; the next measured run then follows a run of this arm, as every run of the block
+        does, so a first-order carry-over is the same for all of them and cancels in each ratio."""
+        n = self._leads[block] = self._leads.get(block, 0) + 1
+        key = RunKey(exp_name, arm, block, -n)
+        seconds = plan.design.carryover.lead_in_s
+        self._ensure_owner()
+        self._last_ran = None  # until it has run: a failed lead-in is run again
+        self.progress.note(f"block {block}: lead-in {n} of arm {arm} ({seconds:g} s at the search's lowest rate, "
+                           "unmeasured)")
+        dep = self.backend.deploy(plan, arm, key)
+        try:
+            self.backend.ready(dep, self.config.ready_deadline_s or self.backend.startup_budget_s(plan, arm))
+            runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
+                                 self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
+            runner.warm_up(dep, arm, block, key.attempt, seconds=seconds)
+        finally:
+            self.backend.teardown(dep)
+        self._last_ran = (block, arm)
+
     def _run_once(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
                   arm: str, attempt: int, config_id: int) -> RunSummary:
         """One attempt. A guard failure or a TransientError ends it invalid (retried by the
@@ -343,6 +378,7 @@ class Executor:
         every attempt and every block the same way, so the experiment stops with its remedy."""
         logs.bind(block=block, arm=arm, attempt=attempt)
         self._ensure_owner()
+        self._last_ran = (block, arm)
         self.progress.run_started(block, arm, attempt)
         run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
         key = RunKey(exp_name, arm, block, attempt)

@@ -52,6 +52,7 @@ class BarOutcome:
     look: Look | None = None  # where a sequential design stands (None: a fixed design)
     voided: dict[str, int] = field(default_factory=dict)  # arm -> attempts voided and retried
     gpu_hours_saved: float | None = None  # a sequential stop: the planned blocks not run, priced
+    lead_in_s: float = 0.0  # design.carryover.lead_in_s: lead-in runs balanced a first-order carry-over
 
     def evidence(self) -> dict[str, Any]:
         """What the verdict rests on, as stored with it and shown by `orch verdict` and the
@@ -71,6 +72,7 @@ class BarOutcome:
             "sequential": None if self.look is None else {**self.look.to_dict(),
                                                           "gpu_hours_saved": self.gpu_hours_saved},
             "voided_attempts": dict(self.voided),
+            "lead_in_s": self.lead_in_s,
         }
 
 
@@ -286,10 +288,16 @@ def judge_experiment(store: StoreLike, experiment_id: int, plan: Plan, method: M
             note = (f"{describe_blocks(len(plan.arms), plan.per_block)}: {pair[1]} and {pair[0]} run together in "
                     f"{shared} of {end} blocks, the blocks this ratio is taken in")
             j = replace(j, note=f"{j.note}; {note}" if j.note else note)
+        lead_in = plan.design.carryover.lead_in_s if new_rule else 0.0
+        if lead_in > 0:
+            note = (f"lead-in runs ({lead_in:g} s): every measured run of a block followed a run of its first arm, "
+                    "so a first-order carry-over cancels in each block's ratio; the order effect measures what "
+                    "remains (a carry-over only a switch of arms leaves, or drift)")
+            j = replace(j, note=f"{j.note}; {note}" if j.note else note)
         mine = {arm: voided.get(arm, 0) for arm in _den_num(bar)}
         out.append(BarOutcome(bar, j, sorted(used), used,
                               dropped_blocks(store, experiment_id, plan, bar, runs, used, limit), censored,
-                              oe, look, mine, saved))
+                              oe, look, mine, saved, lead_in))
     return out
 
 

@@ -59,7 +59,8 @@ class CarryOver(StrictModel):
     """What a verdict does when its blocks show an order effect (issue 31): the mean ln ratio of
     the blocks where the bar's numerator ran after its denominator minus where it ran before,
     with an interval at the bar's confidence (analysis.carryover). ABBA balances a carry-over
-    both arms leave alike, not one only one arm leaves."""
+    both arms leave alike, not one only one arm leaves; lead-in runs (``lead_in_s``) balance a
+    first-order one whichever arm leaves it."""
 
     bound: float = Field(
         default=0.0, ge=0, le=0.5,
@@ -71,6 +72,19 @@ class CarryOver(StrictModel):
         description="void: the bar is INCONCLUSIVE (rerun with a settle period or a cache reset between "
                     "arms); warn: the verdict stands and its note gives the estimate.",
     )
+    lead_in_s: float = Field(
+        default=0, ge=0, le=86_400,
+        description="Lead-in runs: before each measured run that would not otherwise follow a run of its "
+                    "block's first arm, that arm is deployed and sent the workload (the search's lowest rate) "
+                    "for this many seconds, unmeasured; so every measured run of a block follows the same "
+                    "arm and a first-order carry-over (whatever runs after an arm is slowed) cancels in "
+                    "each block's ratio, whichever arm leaves it. 0: off (at most 86400).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_lead_in(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Added after plans were registered (a plan that turns it on hashes apart).
+        return omit_while(handler(self), {"lead_in_s": 0})
 
 
 class Sequential(StrictModel):

@@ -396,3 +396,20 @@ def test_the_load_generator_of_a_run_is_restricted_valid_and_none_of_the_arms_po
     other = validate_plan({**plan.model_dump(mode="json", by_alias=True, exclude_none=True),
                            "kubernetes": {**plan.kubernetes.model_dump(mode="json"), "loadgen_image": "r.io/o/orch:9"}})
     assert render_load_generator(other, key, ns)["spec"]["template"]["spec"]["containers"][0]["image"] == "r.io/o/orch:9"
+
+
+def test_a_lead_in_run_renders_valid_objects_apart_from_the_measured_run() -> None:
+    """A lead-in (``design.carryover.lead_in_s``; attempt -1) is deployed like a run: its objects
+    validate strictly, its labels say lead1, and no name collides with the block's measured run."""
+    plan = load_plan_file(DISAGG)
+    lead = render_arm(plan, "B", RunKey(plan.name, "B", 4, -1))
+    run = render_arm(plan, "B", RunKey(plan.name, "B", 4, 0))
+    for obj in lead:
+        assert_valid_k8s(obj, "lead-in:")
+        if obj["kind"] != "Namespace":  # the experiment's, shared by its runs
+            assert obj["metadata"]["labels"]["orchestrator/attempt"] == "lead1"
+    names = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] != "Namespace"}  # noqa: E731
+    assert names(lead) and not names(lead) & names(run)
+    long_key = RunKey("9_Very.Long_experiment_name_" + "x" * 80, "B", 12, -3)
+    for v in naming.run_labels(long_key).values():
+        assert len(v) <= 63 and v[0].isalnum() and v[-1].isalnum(), v

@@ -33,6 +33,7 @@ REGISTERED: dict[str, str] = {
     "tests/e2e/plans/k8s-quickstart.yaml": "2ab15a2ce80495b4b03d648b74adafd1e673d5eb66c6b55ae943d99074f87ff1",
     "tests/e2e/plans/two-vs-one.yaml": "e9bcb57bc33a15e73527b865087c1ef4c240dc9e969eb110c08531861c33858d",
     "tests/e2e/plans/two-vs-one-sequential.yaml": "e68a70bce466544de378f799c12a1567213b60179866ab43ef959f8d90e5260a",
+    "tests/e2e/plans/two-vs-one-lead-in.yaml": "25d6b0040edaec0d5cac33f4f721ffe142cb28c14e7a8fbbcbdf9bccf5821cae",
 }
 
 

@@ -225,6 +225,20 @@ def test_the_rule_keeps_false_accepts_down_where_the_noise_lets_it_see() -> None
 # --- sequential looks ---------------------------------------------------------------------------
 
 
+def test_lead_ins_cancel_a_carry_over_one_arm_leaves() -> None:
+    """The issue's case: the run right after B inside a block is 3% slower; a bar without a
+    search's resolution at sd 0.02, 10 blocks. ABBA and the order-effect rule: false accepts
+    about 0.18; with a lead-in of each block's first arm every run follows the same arm."""
+    assert list(vc.carry_penalties(4, 0.03)) == pytest.approx([0, -math.log1p(-0.03), 0, -math.log1p(-0.03)])
+    assert not vc.carry_penalties(6, 0.03, lead_in=True).any()
+    assert not vc.carry_penalties(6, 0.03, across_blocks=True).any()  # back to back, ABBA is balanced
+    assert vc.carry_penalties(4, 0.03, lead_in=True, switch_only=True).any()  # what lead-ins do not cancel
+    rng = np.random.default_rng(21)
+    led, _ = vc.carryover_false_accepts(10, 40_000, rng, sigma=0.02, lead_in=True)
+    plain, _ = vc.carryover_false_accepts(10, 40_000, rng, sigma=0.02)
+    assert led <= 0.06 < 0.12 < plain
+
+
 def test_alpha_spending_sums_to_alpha() -> None:
     assert look_blocks(8, 2, 2) == [2, 4, 6, 8] and look_blocks(9, 3, 2) == [4, 6, 8, 9]
     for kind in SPENDINGS:
