@@ -18,7 +18,8 @@ promise (the geometric-mean rule, ``ROBUST``, covered 99.2-99.8% under normal no
 twice the blocks for the same power). Two floors:
 
 - *Zero spread.* The per-block spread is floored at ``SD_FLOOR`` (0.01 in ln units): identical
-  block ratios are not certainty.
+  block ratios are not certainty. (At 2 blocks a floored spread takes half the critical value:
+  ``critical.FLOORED_SHARE``.)
 - *Resolution.* An error every block may share (a capacity search's precision: its bracket is
   2% wide, and the same curve bends the same way in every block) does not average away: it
   widens each end by itself whatever the number of blocks (``resolution``; the verdict passes
@@ -252,7 +253,7 @@ def judge(
         # interval-valued blocks both ends take the wide one: a fixed factor keeps the bounds
         # concave/convex over the box (its corners stay its extremes) and only widens them.
         if open_idx.size == 0:
-            f_lo, f_hi = end_factors(rows, method)
+            f_lo, f_hi = end_factors(rows, method, sd_floor)
         else:
             f_lo = f_hi = np.full(rows.shape[0], far_end(n) if method == MEDIAN_SKEW else 1.0)
         c_lo = critical_value(n, lower_level, method) * f_lo
@@ -306,7 +307,7 @@ def judge_many(
     loc, se, _ = location_scale(x, sd_floor, method)
     level = confidence if accept_confidence is None else accept_confidence
     c = critical_value(n, level, method)
-    f_lo, f_hi = end_factors(x, method)
+    f_lo, f_hi = end_factors(x, method, sd_floor)
     log_t = math.log(threshold)
     lo, hi = loc - (c * f_lo * se + resolution), loc + (c * f_hi * se + resolution)
     if direction == "at_least":

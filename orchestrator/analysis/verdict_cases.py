@@ -52,7 +52,7 @@ def _ends(r: np.ndarray, confidence: float, method: Method, resolution: float) -
     """Each row's one-sided bounds (ln units), as ``judge`` computes them for points."""
     loc, se, _ = location_scale(r, SD_FLOOR, method)
     c = critical_value(r.shape[1], confidence, method)
-    f_lo, f_hi = end_factors(r, method)
+    f_lo, f_hi = end_factors(r, method, SD_FLOOR)
     return loc - (c * f_lo * se + resolution), loc + (c * f_hi * se + resolution)
 
 
