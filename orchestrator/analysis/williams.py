@@ -8,7 +8,10 @@ orders the arms so that, over its rows,
 - every arm takes every position equally often (a Latin square: a linear drift adds the same
   to every arm, so it cancels from every ratio), and
 - every arm immediately precedes every other arm equally often (first-order carry-over is
-  balanced too).
+  balanced too, but only in the sense that each ordered pair occurs equally often: a carry-over
+  that only one arm leaves still biases the ratios it enters, by half of it for two arms; issue
+  31. Lead-in runs, ``design.carryover.lead_in_s``, make every run of a block follow the same
+  arm, which cancels a first-order carry-over whichever arm leaves it).
 
 For an even number of arms one square (n rows) does both; for an odd number no single square
 can, and the square together with its mirror image (2n rows) does. Two arms: AB, BA (ABBA).
