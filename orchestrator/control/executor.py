@@ -35,6 +35,7 @@ from orchestrator.control.block_guards import judge_block
 from orchestrator.control.design import plan_order
 from orchestrator.control.effects import experiment_effects
 from orchestrator.control.eta import point_seconds
+from orchestrator.control.lead_in import LeadIns
 from orchestrator.control.load_kinds import level_plans, load_kind
 from orchestrator.control.points import PointOutcome, PointRunner
 from orchestrator.control.progress import PlainProgress, ProgressSink
@@ -137,10 +138,7 @@ class Executor:
         self.progress = progress or PlainProgress()
         self.session = session or f"{socket.gethostname()}:{os.getpid()}"
         self._measured: dict[tuple[int, float], int] = {}  # (run, rate) -> times measured
-        # (block, arm) of the last deployment this process ran, a lead-in's too; and the lead-ins
-        # run per block (their attempts are -1, -2, ...). Lead-ins: ``design.carryover.lead_in_s``.
-        self._last_ran: tuple[int, str] | None = None
-        self._leads: dict[int, int] = {}
+        self._lead_ins = LeadIns(store, backend, config, self.progress)  # design.carryover.lead_in_s
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- experiment lifecycle -----------------------------------------------------------------
@@ -331,9 +329,10 @@ class Executor:
             if last is not None and last.retry_after_s > 0:
                 self.progress.note(f"block {block} arm {arm}: retrying in {last.retry_after_s:.0f}s")
                 self._sleep(last.retry_after_s)
-            if plan.design.carryover.lead_in_s > 0 and self._last_ran != (block, first):
+            if self._lead_ins.needed(plan, block, first):
                 try:
-                    self._lead_in(plan, exp_name, block, first)
+                    self._ensure_owner()
+                    self._lead_ins.run(plan, exp_id, exp_name, block, first)
                 except (RunInvalid, TransientError) as e:
                     self.progress.note(f"block {block}: the lead-in of arm {first} failed ({first_line(e)}); "
                                        f"counted as a failed attempt of arm {arm}")
@@ -349,28 +348,6 @@ class Executor:
                                "the block is left out of every verdict")
         return last
 
-    def _lead_in(self, plan: Plan, exp_name: str, block: int, arm: str) -> None:
-        """A lead-in: ``arm`` deployed and sent the workload at the search's lowest rate for
-        ``design.carryover.lead_in_s``, unmeasured (nothing stored but a progress line), then torn
-        down; the next measured run then follows a run of this arm, as every run of the block
-        does, so a first-order carry-over is the same for all of them and cancels in each ratio."""
-        n = self._leads[block] = self._leads.get(block, 0) + 1
-        key = RunKey(exp_name, arm, block, -n)
-        seconds = plan.design.carryover.lead_in_s
-        self._ensure_owner()
-        self._last_ran = None  # until it has run: a failed lead-in is run again
-        self.progress.note(f"block {block}: lead-in {n} of arm {arm} ({seconds:g} s at the search's lowest rate, "
-                           "unmeasured)")
-        dep = self.backend.deploy(plan, arm, key)
-        try:
-            self.backend.ready(dep, self.config.ready_deadline_s or self.backend.startup_budget_s(plan, arm))
-            runner = PointRunner(self.store, self.backend, plan, self.config.state_dir / "spool",
-                                 self.config.generator_ceiling, self.config.max_shards, progress=self.progress)
-            runner.warm_up(dep, arm, block, key.attempt, seconds=seconds)
-        finally:
-            self.backend.teardown(dep)
-        self._last_ran = (block, arm)
-
     def _run_once(self, plan: Plan, exp_id: int, exp_name: str, block: int, position: int,
                   arm: str, attempt: int, config_id: int) -> RunSummary:
         """One attempt. A guard failure or a TransientError ends it invalid (retried by the
@@ -378,7 +355,7 @@ class Executor:
         every attempt and every block the same way, so the experiment stops with its remedy."""
         logs.bind(block=block, arm=arm, attempt=attempt)
         self._ensure_owner()
-        self._last_ran = (block, arm)
+        self._lead_ins.ran(block, arm)
         self.progress.run_started(block, arm, attempt)
         run_id = self.store.start_run(exp_id, arm, block, position, attempt, config_id)
         key = RunKey(exp_name, arm, block, attempt)

@@ -134,9 +134,12 @@ class LoadKind:
             return sharded(send.url, send.model, pt.requests, pt.offsets, pt.phases, shards, kw)
         return driver.open_loop(send.url, send.model, pt.requests, pt.offsets, pt.phases, **kw)
 
-    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float) -> list[RequestSpec]:
-        """Send the workload for ``seconds`` at the lowest search rate, unrecorded; the requests sent."""
-        offsets, requests = data(point_load, plan.workload, max(plan.search.rate.min, 2.0 / seconds), seconds, seed)
+    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float,
+                rate: float | None = None) -> list[RequestSpec]:
+        """Send the workload for ``seconds`` at ``rate`` (the lowest search rate if None; a
+        lead-in's: its arm's last capacity), unrecorded; the requests sent."""
+        rate = max(plan.search.rate.min if rate is None else rate, 2.0 / seconds)
+        offsets, requests = data(point_load, plan.workload, rate, seconds, seed)
         if len(offsets):
             driver.open_loop(send.url, send.model, requests, offsets, ["warmup"] * len(offsets), **send.kwargs())
         return list(requests)
@@ -222,12 +225,13 @@ class SessionsLoad(LoadKind):
         pt.requests = sorted(sent, key=lambda spec: spec.request_id)
         return summary
 
-    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float) -> list[RequestSpec]:
+    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float,
+                rate: float | None = None) -> list[RequestSpec]:
         if plan.workload.source is None:
-            return super().warm_up(plan, driver, send, seed, seconds)
+            return super().warm_up(plan, driver, send, seed, seconds, rate)
         # A file's sessions warm up as sessions (a multi-turn trace's later turns are not
-        # requests of their own), at the lowest search rate, all of it warm-up.
-        rate = max(plan.search.rate.min, 2.0 / seconds)
+        # requests of their own), at the lowest search rate (or ``rate``), all of it warm-up.
+        rate = max(plan.search.rate.min if rate is None else rate, 2.0 / seconds)
         sent: list[RequestSpec] = []
         driver.sessions(send.url, send.model, plan.workload, data(_starts, plan.workload, seed, rate, seconds),
                         seed=seed, duration_s=seconds, warmup_s=seconds, measure_s=None, sent=sent, **send.kwargs())
@@ -287,8 +291,9 @@ class ClosedLoad(LoadKind):
         pt.requests = taken
         return summary
 
-    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float) -> list[RequestSpec]:
-        # The plan's own users for a few seconds: the load a closed-loop point will bring (a
+    def warm_up(self, plan: Plan, driver: LoadDriver, send: Send, seed: int, seconds: float,
+                rate: float | None = None) -> list[RequestSpec]:
+        # The plan's own users for a few seconds (``rate`` does not apply to a closed loop): the load a closed-loop point will bring (a
         # concurrency sweep's most: every level's point then follows a warm server).
         closed = plan.workload.closed
         assert closed is not None

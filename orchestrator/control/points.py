@@ -223,17 +223,19 @@ class PointRunner:
         other.plan = plan
         return other
 
-    def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0, seconds: float | None = None) -> None:
+    def warm_up(self, dep: Deployment, arm: str, block: int, attempt: int = 0, seconds: float | None = None,
+                rate: float | None = None) -> None:
         """Cold servers (first requests, connection set-up, caches) must not leak into the first
         point: send the workload for a few seconds (at the lowest search rate, or a closed
-        loop's own users), unrecorded. ``seconds``: a lead-in's length (the plan's warm-up else)."""
+        loop's own users), unrecorded. A lead-in's ``seconds`` and ``rate`` (its arm's last
+        capacity) replace the plan's warm-up and the lowest rate."""
         plan = self.plan
         seconds = max(2.0, plan.search.warmup_s if seconds is None else seconds)
         seed = point_seed(plan.design.seed, block, -1.0, attempt=attempt)
         send = Send(dep.endpoint.send_url, dep.endpoint.model, plan.workload.api, None,
                     timeout_s=seconds + drain_seconds(plan), deadline_s=seconds + drain_seconds(plan),
                     keep_records=False, headers=dep.endpoint.headers)
-        sent = self.kind.warm_up(plan, dep.driver, send, seed, seconds)
+        sent = self.kind.warm_up(plan, dep.driver, send, seed, seconds, rate)
         if not sent:
             return
         self.kind.saw(sent, self.seen_blocks)

@@ -75,8 +75,8 @@ class CarryOver(StrictModel):
     lead_in_s: float = Field(
         default=0, ge=0, le=86_400,
         description="Lead-in runs: before each measured run that would not otherwise follow a run of its "
-                    "block's first arm, that arm is deployed and sent the workload (the search's lowest rate) "
-                    "for this many seconds, unmeasured; so every measured run of a block follows the same "
+                    "block's first arm, that arm is deployed and sent the workload (at its last capacity in the "
+                    "experiment) for this many seconds, unmeasured; so every measured run of a block follows the same "
                     "arm and a first-order carry-over (whatever runs after an arm is slowed) cancels in "
                     "each block's ratio, whichever arm leaves it. 0: off (at most 86400).",
     )

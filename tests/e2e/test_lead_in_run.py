@@ -23,6 +23,7 @@ def test_orch_run_leads_in_each_block_and_the_verdicts_say_so(orch) -> None:
     assert set(blocks) == {0, 1, 2, 3}, r.stderr[-3000:]  # one a block, and one more for a retried second run
     for b, line in zip(blocks, leads, strict=True):  # always of the block's first arm (ABBA: A, B, A, B)
         assert f"of arm {'AB'[b % 2]} " in line, line
+    assert "the search's lowest rate" in leads[0] and "its last capacity" in leads[-1]  # loaded as a run of it
     assert len(doc["verdicts"]) == 2
     for v in doc["verdicts"]:
         assert v["lead_in_s"] == 2 and "lead-in runs (2 s)" in v["note"], v
