@@ -126,3 +126,51 @@ def test_orch_run_backend_kubernetes_runs_to_a_stored_verdict_and_leaves_nothing
         done = {(verb, what) for user, verb, what, ns, allowed in audit if user == identity}
         assert {("create", "deployments"), ("delete", "deployments"), ("get", "nodes")} <= done, sorted(done)
         assert not [a for a in audit if a[0] == identity and a[2] == "namespaces"]
+
+
+def test_lead_in_runs_deploy_and_leave_nothing_on_the_cluster(tmp_path: Path) -> None:
+    """Lead-in runs (``design.carryover.lead_in_s``) on the emulated cluster with the chart's
+    permissions: each block's lead-in is deployed (``...-b<block>-lead1`` objects, valid to the
+    strict API server), loaded, deleted, and never stored as a run; RBAC refuses nothing."""
+    import yaml
+
+    data = yaml.safe_load(PLAN.read_text())
+    data["design"]["carryover"] = {"lead_in_s": 1}
+    data["name"] = "k8s-lead-in"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    nodes = [gpu_node("h200-a", pool="h200-pool"), gpu_node("h200-b", pool="h200-pool"), cpu_node()]
+    with EmulatedCluster(nodes=nodes) as cluster:
+        identity, kubeconfig = install_chart_rbac(cluster, RELEASE_NS)
+        keep_whole_audit(cluster)
+        env = _env(kubeconfig, tmp_path)
+        r = orch(env, "run", str(plan), "--backend", "kubernetes", "--json", "--allow-low-power")
+        assert r.returncode == 0, (r.stderr[-4000:], refusals(cluster))
+        leads = [line for line in r.stderr.splitlines() if "lead-in 1 of arm" in line]
+        assert [line.split(":")[0].strip() for line in leads] == ["block 0", "block 1"], r.stderr[-3000:]
+        assert "of arm A" in leads[0] and "of arm B" in leads[1]  # ABBA: each block's first arm
+        doc = json.loads(r.stdout)
+        store = Store.open(env["ORCH_DATABASE_URL"])
+        try:
+            runs = store.runs(doc["experiment"]["id"])
+            assert all(run.attempt >= 0 for run in runs)  # lead-ins are not stored runs
+        finally:
+            store.close()
+        for kind in ("Deployment", "Pod", "Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding"):
+            ours = [o for o in cluster.objects(kind).values()
+                    if (o.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == "orchestrator"]
+            assert not ours, (kind, [o["metadata"]["name"] for o in ours])
+        assert not cluster.live_processes()
+        assert not refusals(cluster), refusals(cluster)
+        audit = cluster._call(lambda: list(cluster.apiserver.audit))
+        creates = sum(1 for user, verb, what, ns, allowed in audit if user == identity and verb == "create"
+                      and what == "deployments")
+        # Every measured run's Deployments and those of two lead-ins (A's in block 0, B's in block 1).
+        from orchestrator.backends.base import RunKey
+        from orchestrator.backends.kubernetes.render import render_arm
+        from orchestrator.plan import load_plan_file
+
+        loaded = load_plan_file(plan)
+        per_arm = {arm: sum(1 for o in render_arm(loaded, arm, RunKey(loaded.name, arm, 0)) if o["kind"] == "Deployment")
+                   for arm in "AB"}
+        assert creates == sum(per_arm[run.arm] for run in runs) + per_arm["A"] + per_arm["B"], (creates, per_arm)
