@@ -52,7 +52,7 @@ from orchestrator.analysis.calibration import (
     search_trace,
     tpot_knee_curve,
 )
-from orchestrator.analysis.critical import FAR_END, far_end
+from orchestrator.analysis.critical import FAR_END, FLOORED_SHARE, far_end
 from orchestrator.analysis.search import CapacitySearch
 from orchestrator.analysis.stats import (
     MEDIAN,
@@ -340,11 +340,25 @@ def far_end_table(scale: float) -> None:
                   flush=True)
 
 
+def floored_table(scale: float) -> None:
+    """The scan behind ``critical.FLOORED_SHARE``: at 2 blocks, over floors of 0-3 clean sds and
+    every shape, the lowest coverage of any end at each confidence (the promise) and the highest."""
+    draws = max(int((1 << 19) * scale), 1 << 15)
+    print(f"\n2 blocks, a floored spread at {FLOORED_SHARE[2]:g}x the critical value: lowest / highest coverage of "
+          f"any end over floors of 0-3 clean sds and every shape ({draws} draws a shape)")
+    for conf in (0.90, 0.95, 0.975, 0.99):
+        lo, hi, where = vc.floored_scan(conf, draws)
+        print(f"  confidence {conf:<6g} lowest {lo:.4f} ({where})  highest {hi:.4f}  "
+              f"{'ok' if lo >= conf - 2 * se(conf, draws) else 'MISSED'}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="simulations per case, relative to the default")
     ap.add_argument("--curves", type=int, default=300, help="curves per search configuration")
     ap.add_argument("--legacy", action="store_true", help="also print issue 17's table (the ROBUST rule)")
+    ap.add_argument("--floored", action="store_true",
+                    help="also print the scan behind the 2-block floored share (every floor, shape, confidence)")
     ap.add_argument("--far-end", action="store_true",
                     help="also print the scan behind the far-end factor of the median rule (MEDIAN_SKEW)")
     ap.add_argument("--small-blocks", action="store_true",
@@ -371,6 +385,8 @@ def main() -> None:
         small_blocks_table(args.scale)
     if args.far_end:
         far_end_table(args.scale)
+    if args.floored:
+        floored_table(args.scale)
     search_table(args.curves)
     print(f"\n{time.time() - t0:.0f} s")
 

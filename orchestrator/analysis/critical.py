@@ -200,7 +200,7 @@ def skew_sign(x: np.ndarray) -> np.ndarray:
 # closely than the noise does; a floored spread has already set those samples' width, and the
 # full value on top held each end at 0.975-0.994 at block sd 0.05 (five floors). Half keeps every
 # end of every shape at or above the promise at every ratio of noise to floor (scanned from 0 to
-# 3 floors, at 90-99%) and at sd 0.05 covers 0.951-0.970. From 3 blocks a floored spread is rare
+# 3 floors, at 90-99%: ``benchmarks/verdict_calibration.py --floored``) and at sd 0.05 covers 0.951-0.970. From 3 blocks a floored spread is rare
 # at sd 0.05 (2%) and the full value stays.
 FLOORED_SHARE: dict[int, float] = {2: 0.5}
 

@@ -16,11 +16,14 @@ from orchestrator.analysis.critical import (
     CONTAMINATED_SHARE,
     CONTAMINATED_SHIFT,
     DEFAULT_METHOD,
+    MEDIAN_SKEW,
     Method,
+    contaminated,
     contaminated_median,
     critical_value,
     end_factors,
     location_scale,
+    skew_sign,
 )
 from orchestrator.analysis.sequential import Spending, look_blocks, shares
 from orchestrator.analysis.stats import SD_FLOOR, judge_many
@@ -83,7 +86,7 @@ def carry_penalties(blocks: int, carry: float, *, lead_in: bool = False, across_
         seq = ["A", "B"] if b % 2 == 0 else ["B", "A"]
         prev = before if across_blocks else None
         if lead_in:
-            prev, seq = seq[0], seq  # the lead-in ran right before the block's first run
+            prev = seq[0]  # the lead-in of the block's first arm ran right before its first run
         shift = {}
         for arm in seq:
             hit = prev == "B" and not (switch_only and arm == "B")
@@ -246,8 +249,6 @@ def far_end_scan(blocks: int, factor: float, draws: int, seed: int = 41) -> FarE
     the spread not floored, as ``critical`` calibrates), then each end's coverage under each
     shape at sd 0.05 with the spread floored as ``judge`` floors it, and the power. ``FAR_END``
     holds, per block count, the smallest factor (steps of 0.1) whose coverage stays in 95-97%."""
-    from orchestrator.analysis.critical import MEDIAN_SKEW, contaminated, skew_sign
-
     rng = np.random.default_rng([seed, blocks])
 
     def shapes(scale: float) -> list[np.ndarray]:
@@ -265,3 +266,28 @@ def far_end_scan(blocks: int, factor: float, draws: int, seed: int = 41) -> FarE
     cover = [float((e <= c).mean()) for x in shapes(0.05) for e in ends(x, SD_FLOOR)]
     x = math.log(1.25) - math.log(1.10) + 0.05 * rng.standard_normal((draws, blocks))
     return FarEndRow(blocks, factor, c, min(cover), max(cover), float((ends(x, SD_FLOOR)[0] > c).mean()))
+
+
+# --- 2 blocks and the spread floor: the scan behind ``critical.FLOORED_SHARE`` ------------------
+
+
+def floored_scan(confidence: float, draws: int, floors: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0),
+                 seed: int = 43) -> tuple[float, float, str]:
+    """MEDIAN_SKEW at 2 blocks as ``judge`` applies it (a floored spread takes ``FLOORED_SHARE``
+    of the critical value) over noise of unit clean sd and floors of ``floors`` sds: (the lowest
+    coverage of any end of any shape, at which floor and shape, the highest). The promise holds
+    when the lowest is at least ``confidence`` (to Monte Carlo error) at every floor."""
+    rng = np.random.default_rng([seed, int(confidence * 1e6)])
+    shapes = {"normal": rng.standard_normal((draws, 2)), "student_t3": rng.standard_t(3, (draws, 2)) / math.sqrt(3),
+              "contaminated low": contaminated(rng, (draws, 2)), "contaminated high": -contaminated(rng, (draws, 2))}
+    c = critical_value(2, confidence, MEDIAN_SKEW)
+    lowest, highest, where = 1.0, 0.0, ""
+    for floor in floors:
+        for name, x in shapes.items():
+            loc, se, _ = location_scale(x, floor, MEDIAN_SKEW)
+            f_lo, f_hi = end_factors(x, MEDIAN_SKEW, floor)
+            for cover in ((loc - c * f_lo * se <= 0).mean(), (loc + c * f_hi * se >= 0).mean()):
+                if cover < lowest:
+                    lowest, where = float(cover), f"floor {floor:g} sd, {name}"
+                highest = max(highest, float(cover))
+    return lowest, highest, where

@@ -337,13 +337,15 @@ class Executor:
                     self.progress.note(f"block {block}: the lead-in of arm {first} failed ({first_line(e)}); "
                                        f"counted as a failed attempt of arm {arm}")
                     failures += 1
+                    if isinstance(e, TransientError) and e.delay > 0 and failures <= plan.design.max_retries:
+                        self._sleep(e.delay)
                     continue
             last = self._run_once(plan, exp_id, exp_name, block, position, arm, attempt, config_id)
             if last.valid:
                 return last
             failures += 1
             attempt += 1
-        if last is not None:
+        if last is not None or failures:
             self.progress.note(f"block {block} arm {arm}: no valid run after {failures} attempt(s); "
                                "the block is left out of every verdict")
         return last

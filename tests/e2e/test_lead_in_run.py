@@ -40,3 +40,4 @@ def test_plan_simulate_prices_the_lead_ins(orch) -> None:
     r = orch("plan", "simulate", PLAN, "--replications", "20", "--seed", "3")
     assert r.returncode == 0, r.stderr
     assert "lead-in runs: 4 (A 2, B 2), 242 s each with its deployment" in r.stdout + r.stderr
+

@@ -15,6 +15,7 @@ from orchestrator.backends.base import Deployment, RunKey
 from orchestrator.backends.virtual import VirtualBackend
 from orchestrator.control.executor import Executor, ExecutorConfig
 from orchestrator.control.progress import PlainProgress
+from orchestrator.errors import TransientError
 from orchestrator.plan import Plan
 from orchestrator.store import Store
 from tests.e2e.helpers import BASE, small_plan
@@ -83,3 +84,41 @@ def test_with_three_arms_each_later_run_gets_its_own_lead_in(store: Store, tmp_p
     assert backend.order[3] == f"{first}*0" and len(backend.order) == 5
     effs = {r.fingerprint["details"]["efficiency"] for r in store.runs(out.experiment_id)}
     assert len(effs) == 1  # every measured run followed a run of the first arm
+
+
+class FailingLeadIns(Recording):
+    """Lead-in deployments whose server is lost before ready (``fail`` times), as a dead pod."""
+
+    def __init__(self, fail: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.fail = fail
+
+    def ready(self, deployment: Deployment, deadline_s: float) -> None:
+        if deployment.key.is_lead_in and self.fail > 0:
+            self.fail -= 1
+            raise TransientError("lead-in server exited", delay=0.0)
+        super().ready(deployment, deadline_s)
+
+
+def test_a_failed_lead_in_is_a_failed_attempt_and_runs_again(store: Store, tmp_path: Path) -> None:
+    design = {"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1, "carryover": {"lead_in_s": 2}}
+    backend = FailingLeadIns(1)
+    Executor(store, backend, ExecutorConfig(state_dir=tmp_path / "f1"), PlainProgress()).run(
+        small_plan(name="lead-in-fails-once", search=SHORT_SEARCH, design=design))
+    assert backend.order == ["A*0", "A*0", "A0", "B0"]  # the lead-in again, then the block as planned
+
+
+def test_lead_ins_that_keep_failing_leave_the_run_out_with_why(store: Store, tmp_path: Path) -> None:
+    design = {"blocks": 1, "order": "ABBA", "seed": 3, "max_retries": 1, "carryover": {"lead_in_s": 2}}
+    backend = FailingLeadIns(99)
+    notes: list[str] = []
+
+    class Notes(PlainProgress):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    out = Executor(store, backend, ExecutorConfig(state_dir=tmp_path / "f2"), Notes()).run(
+        small_plan(name="lead-in-fails", search=SHORT_SEARCH, design=design))
+    assert not store.runs(out.experiment_id)  # no measured run without its lead-in
+    assert any("no valid run after 2 attempt(s)" in n for n in notes), notes
+    assert sum("the lead-in of arm A failed" in n for n in notes) == 4  # 2 attempts of A, then of B

@@ -70,6 +70,13 @@ def test_two_blocks_keep_the_promise_whatever_the_noise_to_floor_ratio(kind: str
     assert max(full.lower, full.upper) > 0.973
 
 
+def test_the_floored_share_keeps_the_promise_at_every_floor() -> None:
+    """The scan behind FLOORED_SHARE: at 2 blocks, floors of 0-3 clean sds, every shape."""
+    lowest, highest, where = vc.floored_scan(0.95, 1 << 16)
+    assert lowest >= 0.945, where
+    assert highest > 0.99  # far under the floor it over-covers: the floor is a resolution
+
+
 def test_two_identical_blocks_are_judged_at_the_floor_with_half_the_value() -> None:
     j = judge([0.1, 0.1], 1.0, 0.95)
     half = 0.5 * critical_value(2, 0.95) * 0.01 / math.sqrt(2)
